@@ -1,0 +1,24 @@
+"""Code that runs where Ray runs: planning, commit protocol, stages and the runner.
+
+Nothing in this package imports Airflow, so a Ray cluster image needs only Ray and the models.
+Ray itself is imported lazily, so the config objects can be imported anywhere.
+"""
+
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.errors import (
+    ConfigError,
+    InputChangedError,
+    InputError,
+    RayBatchError,
+    StageError,
+)
+
+__all__ = [
+    "BatchInferenceConfig",
+    "ConfigError",
+    "InputChangedError",
+    "InputError",
+    "RayBatchError",
+    "Stage",
+    "StageError",
+]

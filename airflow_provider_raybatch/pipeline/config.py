@@ -1,0 +1,159 @@
+"""Typed configuration of a batch inference run (plain dataclasses: no Ray, no Airflow)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from airflow_provider_raybatch.pipeline.errors import ConfigError
+
+#: Name of the row key written when ``id_column`` is None: ``file_index * 2**40 + row_in_file``,
+#: where ``file_index`` is the file's position in the plan's sorted file list.
+ROW_ID_COLUMN = "_row_id"
+
+BATCH_FORMATS = ("numpy", "pandas", "pyarrow")
+MODES = ("resume", "overwrite")
+
+
+@dataclass
+class Stage:
+    """One model (or preprocessing step) applied with Ray Data ``map_batches``.
+
+    :param predictor: a class (constructed once per replica with ``predictor_kwargs``) or a
+        function (called with each batch and ``predictor_kwargs``), or its import path
+        ``"package.module:Name"``. It takes a batch (``dict`` of numpy arrays by default) and
+        returns a batch with the same number of rows.
+    :param predictor_kwargs: constructor kwargs for a class, extra kwargs for a function.
+    :param name: shown in logs and errors; defaults to the predictor's name.
+    :param batch_size: rows per call.
+    :param concurrency: replicas: a fixed number, or ``(min, max)`` for an autoscaling pool.
+    :param num_cpus: CPUs reserved per replica.
+    :param num_gpus: GPUs reserved per replica.
+    :param memory: bytes of memory reserved per replica.
+    :param accelerator_type: Ray accelerator type to schedule on, e.g. ``"A10G"``.
+    :param batch_format: what the predictor receives: ``"numpy"``, ``"pandas"`` or ``"pyarrow"``.
+    """
+
+    predictor: str | Callable[..., Any] | type
+    predictor_kwargs: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None
+    batch_size: int | None = 256
+    concurrency: int | tuple[int, int] = 1
+    num_cpus: float = 1
+    num_gpus: float = 0
+    memory: int | None = None
+    accelerator_type: str | None = None
+    batch_format: Literal["numpy", "pandas", "pyarrow"] = "numpy"
+
+    # Airflow renders templates inside objects that declare template_fields.
+    template_fields = ("predictor_kwargs",)
+
+    @property
+    def display_name(self) -> str:
+        if self.name:
+            return self.name
+        if isinstance(self.predictor, str):
+            return self.predictor.replace(":", ".").rsplit(".", 1)[-1]
+        return getattr(self.predictor, "__name__", type(self.predictor).__name__)
+
+    @property
+    def max_replicas(self) -> int:
+        return self.concurrency[1] if isinstance(self.concurrency, tuple) else self.concurrency
+
+    def validate(self) -> None:
+        where = f"stage {self.display_name!r}"
+        if isinstance(self.concurrency, (list, tuple)):
+            if len(self.concurrency) != 2 or not 1 <= self.concurrency[0] <= self.concurrency[1]:
+                raise ConfigError(
+                    f"{where}: concurrency must be an int >= 1 or (min, max) with 1 <= min <= max, got {self.concurrency!r}"
+                )
+            self.concurrency = (int(self.concurrency[0]), int(self.concurrency[1]))
+        elif not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ConfigError(f"{where}: concurrency must be an int >= 1 or (min, max), got {self.concurrency!r}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ConfigError(f"{where}: batch_size must be >= 1 or None, got {self.batch_size!r}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError(f"{where}: num_cpus and num_gpus must be >= 0")
+        if self.batch_format not in BATCH_FORMATS:
+            raise ConfigError(f"{where}: batch_format must be one of {BATCH_FORMATS}, got {self.batch_format!r}")
+        if not isinstance(self.predictor_kwargs, dict):
+            raise ConfigError(f"{where}: predictor_kwargs must be a dict, got {type(self.predictor_kwargs).__name__}")
+
+    def signature(self) -> dict[str, Any]:
+        """What decides this stage's output: recorded with the plan to refuse mixing results."""
+        predictor = self.predictor
+        if not isinstance(predictor, str):
+            predictor = f"{getattr(predictor, '__module__', '?')}:{getattr(predictor, '__qualname__', repr(predictor))}"
+        return {
+            "predictor": predictor,
+            "predictor_kwargs": _jsonable(self.predictor_kwargs),
+            "batch_format": self.batch_format,
+        }
+
+
+@dataclass
+class BatchInferenceConfig:
+    """A batch inference run: Parquet in, one or more stages, Parquet out, checkpointed by range.
+
+    :param input_path: a Parquet file, a folder of them, or a glob; local or ``s3://``.
+    :param output_path: the output folder; bookkeeping lives in ``<output_path>/_raybatch/``.
+    :param stages: the stages, applied in order; each sees the previous one's output.
+    :param columns: input columns to read (None: all).
+    :param keep_columns: input columns copied to the output (None: every column read).
+    :param id_column: a unique row key in the input, always written. None: ``_row_id`` is derived
+        from (file, row).
+    :param rows_per_range: rows per checkpointed range (ranges follow row groups).
+    :param mode: ``"resume"`` keeps committed ranges; ``"overwrite"`` starts the output afresh
+        (once per ``run_key``: a retry of the same run resumes what that run committed).
+    :param run_key: identifies the run that asked (e.g. Airflow dag/run/task ids).
+    :param storage_options: fsspec options for both paths (credentials); never logged or saved.
+    """
+
+    input_path: str
+    output_path: str
+    stages: list[Stage]
+    columns: list[str] | None = None
+    keep_columns: list[str] | None = None
+    id_column: str | None = None
+    rows_per_range: int = 100_000
+    mode: Literal["resume", "overwrite"] = "resume"
+    run_key: str | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def validate(self) -> None:
+        if not self.input_path:
+            raise ConfigError("input_path is empty")
+        if not self.output_path:
+            raise ConfigError("output_path is empty")
+        if not self.stages:
+            raise ConfigError("no stage given: set predictor or stages")
+        for stage in self.stages:
+            stage.validate()
+        if self.rows_per_range < 1:
+            raise ConfigError(f"rows_per_range must be >= 1, got {self.rows_per_range}")
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("columns", "keep_columns"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, str) or len(set(value)) != len(value)):
+                raise ConfigError(f"{name} must be a list of distinct column names, got {value!r}")
+        if self.columns is not None and self.keep_columns is not None:
+            missing = [c for c in self.keep_columns if c not in self.columns]
+            if missing:
+                raise ConfigError(f"keep_columns {missing} are not among columns {self.columns}")
+
+    def job_signature(self) -> dict[str, Any]:
+        """The settings whose change would mix incompatible results in one output."""
+        return {
+            "stages": [stage.signature() for stage in self.stages],
+            "columns": self.columns,
+            "keep_columns": self.keep_columns,
+            "id_column": self.id_column,
+            "rows_per_range": self.rows_per_range,
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True, default=repr))

@@ -1,0 +1,27 @@
+"""Crash points for tests of the commit protocol; inert unless RAYBATCH_TEST_CRASH is set.
+
+``RAYBATCH_TEST_CRASH="<point>:<n>"`` kills the current process with SIGKILL the n-th time it
+reaches ``point`` (``published``: a range's file is in place but not yet committed;
+``committed``: right after a commit record is written).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+CRASH_ENV = "RAYBATCH_TEST_CRASH"
+_reached: Counter[str] = Counter()
+
+
+def crash_point(point: str) -> None:
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return
+    name, _, count = spec.partition(":")
+    if name != point:
+        return
+    _reached[point] += 1
+    if _reached[point] == int(count or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,98 @@
+"""The output's commit protocol.
+
+Layout of an output folder::
+
+    part-<range id>.parquet          one file per committed range (readers see only these)
+    _raybatch/plan.json              input fingerprint, ranges, job signature, run key
+    _raybatch/commits/<range id>.json  one record per committed range: its file and row count
+    _raybatch/tmp/                   files being written, published by a rename when complete
+
+A range is committed by (1) writing its file under ``_raybatch/tmp/``, (2) moving it to its
+final name, (3) writing its commit record. A crash before (3) leaves at most a file without a
+record, which is deleted before the range is redone; a reader of a finished output only ever
+sees whole ranges, each once.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fsspec import AbstractFileSystem
+
+from airflow_provider_raybatch.pipeline.faults import crash_point
+from airflow_provider_raybatch.pipeline.storage import read_json, write_json
+
+META_DIR = "_raybatch"
+PLAN_VERSION = 1
+
+
+class OutputLedger:
+    """Reads and writes the bookkeeping of one output folder."""
+
+    def __init__(self, fs: AbstractFileSystem, root: str, display_path: str):
+        self.fs = fs
+        self.root = root
+        self.display_path = display_path
+        self.meta = f"{root}/{META_DIR}"
+        self.plan_path = f"{self.meta}/plan.json"
+        self.commits_dir = f"{self.meta}/commits"
+        self.tmp_dir = f"{self.meta}/tmp"
+
+    def data_file(self, range_id: str) -> str:
+        return f"{self.root}/part-{range_id}.parquet"
+
+    def tmp_file(self, range_id: str) -> str:
+        self.fs.makedirs(self.tmp_dir, exist_ok=True)
+        return f"{self.tmp_dir}/part-{range_id}.{uuid.uuid4().hex}.parquet"
+
+    def load_plan(self) -> dict[str, Any] | None:
+        return read_json(self.fs, self.plan_path) if self.fs.exists(self.plan_path) else None
+
+    def write_plan(self, plan: dict[str, Any]) -> None:
+        write_json(self.fs, self.plan_path, {"version": PLAN_VERSION, **plan})
+
+    def foreign_entries(self) -> list[str]:
+        """Entries of the output folder that this protocol did not write."""
+        if not self.fs.isdir(self.root):
+            return []
+        names = [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
+        return sorted(n for n in names if n != META_DIR and not (n.startswith("part-") and n.endswith(".parquet")))
+
+    def committed(self) -> dict[str, dict[str, Any]]:
+        """Range id -> commit record, for every committed range."""
+        if not self.fs.isdir(self.commits_dir):
+            return {}
+        paths = [p for p in self.fs.ls(self.commits_dir, detail=False) if p.endswith(".json")]
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            records = list(pool.map(lambda p: read_json(self.fs, p), paths))
+        return {r["range_id"]: r for r in records}
+
+    def commit(self, range_id: str, tmp_path: str | None, rows: int) -> None:
+        files = []
+        if tmp_path is not None:
+            self.fs.mv(tmp_path, self.data_file(range_id))
+            files.append(posixpath.basename(self.data_file(range_id)))
+            crash_point("published")
+        write_json(self.fs, f"{self.commits_dir}/{range_id}.json", {"range_id": range_id, "files": files, "rows": rows})
+
+    def remove_uncommitted(self, committed: dict[str, dict[str, Any]]) -> list[str]:
+        """Delete data files of ranges without a commit record, and abandoned temporary files."""
+        keep = {name for record in committed.values() for name in record["files"]}
+        stale = [
+            p
+            for p in (self.fs.ls(self.root, detail=False) if self.fs.isdir(self.root) else [])
+            if posixpath.basename(p).startswith("part-") and posixpath.basename(p) not in keep
+        ]
+        if self.fs.isdir(self.tmp_dir):
+            stale += self.fs.ls(self.tmp_dir, detail=False)
+        for path in stale:
+            self.fs.rm(path, recursive=True)
+        return stale
+
+    def reset(self) -> None:
+        """Remove everything in the output folder (mode='overwrite')."""
+        if self.fs.exists(self.root):
+            self.fs.rm(self.root, recursive=True)

@@ -1,0 +1,170 @@
+"""Plan the input into deterministic, checkpointable row ranges.
+
+A range is a contiguous run of rows of one file, cut at row-group boundaries where it can be
+(row groups larger than ``rows_per_range`` are cut by row offset). Its id depends only on the
+file's path relative to the input root and the row bounds, so the plan is the same whatever the
+listing order, the number of workers or the machine that plans it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
+
+from airflow_provider_raybatch.pipeline.errors import InputError
+from airflow_provider_raybatch.pipeline.storage import GLOB_CHARS, is_hidden, static_prefix
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str  # as the filesystem spells it
+    relpath: str  # relative to the input root: what ids and change detection use
+    size: int
+    rows: int
+    row_groups: tuple[int, ...]  # rows per row group
+    signature: str  # sha256 of size and Parquet footer: changes when the file is rewritten
+
+    def describe(self) -> dict[str, Any]:
+        return {"relpath": self.relpath, "size": self.size, "rows": self.rows, "signature": self.signature}
+
+
+@dataclass(frozen=True)
+class RowRange:
+    id: str
+    file_index: int
+    start: int
+    end: int
+
+    @property
+    def rows(self) -> int:
+        return self.end - self.start
+
+
+@dataclass
+class Plan:
+    files: list[InputFile]
+    ranges: list[RowRange]
+    schema: pa.Schema  # of the columns read
+
+    @property
+    def total_rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "files": [f.describe() for f in self.files],
+            "ranges": [asdict(r) for r in self.ranges],
+        }
+
+
+def list_input_files(fs: AbstractFileSystem, fs_path: str, display_path: str) -> tuple[str, list[str]]:
+    """Return the input root and the sorted Parquet files under a file, folder or glob."""
+    if any(c in fs_path for c in GLOB_CHARS):
+        root = static_prefix(fs_path)
+        paths = [p for p in fs.glob(fs_path) if fs.isfile(p)]
+        if not paths:
+            raise InputError(f"input path {display_path!r} matches no file")
+    elif fs.isfile(fs_path):
+        return posixpath.dirname(fs_path), [fs_path]
+    elif fs.isdir(fs_path):
+        root = fs_path
+        paths = fs.find(fs_path)
+    else:
+        raise InputError(f"input path {display_path!r} does not exist")
+    paths = sorted(p for p in paths if not is_hidden(posixpath.relpath(p, root)))
+    if not paths:
+        raise InputError(f"input path {display_path!r} holds no data file (files starting with '_' or '.' are skipped)")
+    return root, paths
+
+
+def read_file_info(fs: AbstractFileSystem, path: str, root: str) -> tuple[InputFile, pa.Schema]:
+    try:
+        with fs.open(path, "rb") as f:
+            size = f.size
+            metadata = pq.ParquetFile(f).metadata
+            schema = metadata.schema.to_arrow_schema()
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(f"cannot read Parquet file {path!r}: {e}") from e
+    footer = pa.BufferOutputStream()
+    metadata.write_metadata_file(footer)
+    digest = hashlib.sha256(str(size).encode() + footer.getvalue().to_pybytes()).hexdigest()
+    row_groups = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+    info = InputFile(path, posixpath.relpath(path, root), size, metadata.num_rows, row_groups, digest)
+    return info, schema
+
+
+def plan_ranges(files: list[InputFile], rows_per_range: int) -> list[RowRange]:
+    ranges = []
+    for index, file in enumerate(files):
+        digest = hashlib.sha1(file.relpath.encode()).hexdigest()[:12]
+        bounds = _cut(file.row_groups, rows_per_range)
+        if not bounds:
+            # An empty file still gets a range, so its (empty) result is committed like any other.
+            bounds = [(0, 0)]
+        ranges.extend(RowRange(f"{digest}-{start}-{end}", index, start, end) for start, end in bounds)
+    return ranges
+
+
+def _cut(row_groups: tuple[int, ...], rows_per_range: int) -> list[tuple[int, int]]:
+    bounds, start, offset = [], 0, 0
+    for rows in row_groups:
+        if rows > rows_per_range:
+            if offset > start:
+                bounds.append((start, offset))
+            bounds.extend(
+                (s, min(s + rows_per_range, offset + rows)) for s in range(offset, offset + rows, rows_per_range)
+            )
+            start = offset + rows
+        elif offset + rows - start > rows_per_range:
+            bounds.append((start, offset))
+            start = offset
+        offset += rows
+    if offset > start:
+        bounds.append((start, offset))
+    return bounds
+
+
+def plan_input(
+    fs: AbstractFileSystem,
+    fs_path: str,
+    display_path: str,
+    columns: list[str] | None,
+    rows_per_range: int,
+) -> Plan:
+    """List and inspect the input, check the requested columns, and cut it into ranges."""
+    root, paths = list_input_files(fs, fs_path, display_path)
+    with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
+        infos = list(pool.map(lambda p: read_file_info(fs, p, root), paths))
+    files = [info for info, _ in infos]
+    first_schema = infos[0][1]
+    wanted = columns if columns is not None else first_schema.names
+    for info, schema in infos:
+        missing = [c for c in wanted if c not in schema.names]
+        if missing:
+            raise InputError(f"column(s) {missing} not found in {info.path!r}; it has columns {schema.names}")
+    schema = pa.schema([first_schema.field(c) for c in wanted])
+    return Plan(files, plan_ranges(files, rows_per_range), schema)
+
+
+def input_changes(recorded: dict[str, Any], plan: Plan) -> str:
+    """Describe how the input differs from the recorded plan's ("" when it does not)."""
+    old = {f["relpath"]: f["signature"] for f in recorded["files"]}
+    new = {f.relpath: f.signature for f in plan.files}
+    changes = {
+        "added": sorted(new.keys() - old.keys()),
+        "removed": sorted(old.keys() - new.keys()),
+        "rewritten": sorted(p for p in new.keys() & old.keys() if new[p] != old[p]),
+    }
+    return "; ".join(f"{label}: {_short(paths)}" for label, paths in changes.items() if paths)
+
+
+def _short(paths: list[str], limit: int = 5) -> str:
+    more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
+    return ", ".join(paths[:limit]) + more

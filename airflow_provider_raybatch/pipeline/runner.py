@@ -1,0 +1,371 @@
+"""Run a batch inference: plan ranges, skip committed ones, stream the rest through Ray Data.
+
+Ray Data reads one task per pending range and runs each stage as an actor pool. This driver
+consumes the stream, writes one Parquet file per range and commits a range as soon as all its
+rows have arrived, so a crash loses at most the ranges in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.errors import (
+    ConfigError,
+    InputChangedError,
+    InputError,
+    RayBatchError,
+    StageError,
+)
+from airflow_provider_raybatch.pipeline.faults import crash_point
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, plan_input
+from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+from airflow_provider_raybatch.pipeline.stages import (
+    StageWorker,
+    output_columns,
+    read_ranges,
+    resolve_predictor,
+    split_by_range,
+)
+from airflow_provider_raybatch.pipeline.storage import is_within, resolve, same_filesystem, static_prefix
+
+log = logging.getLogger(__name__)
+
+#: CPUs Ray Data's read tasks need beside the stages' replicas.
+READ_CPUS = 1
+#: Rows buffered per output row group: small Ray blocks must not become tiny row groups.
+ROW_GROUP_ROWS = 65_536
+PROGRESS_INTERVAL_S = 10.0
+
+
+def run_batch_inference(config: BatchInferenceConfig, *, ray_address: str | None = None) -> dict[str, Any]:
+    """Run ``config`` to completion and return its summary (JSON-serialisable).
+
+    Everything that can be checked without Ray is checked first: settings, predictors, input
+    files and columns, the output folder. A finished output returns at once, without Ray.
+    """
+    started = time.monotonic()
+    config.validate()
+    for stage in config.stages:
+        resolve_predictor(stage)
+    in_fs, in_path = resolve(config.input_path, config.storage_options)
+    out_fs, out_path = resolve(config.output_path, config.storage_options)
+    for fs in (in_fs, out_fs):
+        fs.invalidate_cache()  # listings cached by an earlier run in this process may be stale
+    in_root = static_prefix(in_path)
+    if same_filesystem(in_fs, out_fs) and (is_within(out_path, in_root) or is_within(in_root, out_path)):
+        raise ConfigError(
+            f"output path {config.output_path!r} overlaps input path {config.input_path!r}: "
+            "the output would be read back as input; choose a folder outside the input"
+        )
+
+    plan = plan_input(in_fs, in_path, config.input_path, config.columns, config.rows_per_range)
+    keep = _keep_columns(config, plan)
+    ledger = OutputLedger(out_fs, out_path, config.output_path)
+    committed = _open_output(config, plan, ledger)
+
+    pending = [i for i, r in enumerate(plan.ranges) if r.id not in committed]
+    progress = _Progress(plan, committed)
+    for index in [i for i in pending if plan.ranges[i].rows == 0]:
+        _commit_empty_range(ledger, plan, index, keep, config)
+        progress.committed(index)
+    pending = [i for i in pending if plan.ranges[i].rows > 0]
+    if pending:
+        log.info(
+            "%d of %d ranges to process (%d rows); %d already committed",
+            len(pending),
+            len(plan.ranges),
+            sum(plan.ranges[i].rows for i in pending),
+            len(committed),
+        )
+        with ray_session(ray_address):
+            _check_resources(config.stages)
+            _stream(config, plan, ledger, pending, keep, in_fs, progress)
+    return progress.summary(config.output_path, time.monotonic() - started)
+
+
+def _keep_columns(config: BatchInferenceConfig, plan: Plan) -> list[str]:
+    names = plan.schema.names
+    keep = list(names if config.keep_columns is None else config.keep_columns)
+    if config.id_column is not None:
+        if config.id_column not in names:
+            raise InputError(f"id_column {config.id_column!r} is not an input column; columns read: {names}")
+        if config.id_column not in keep:
+            keep.insert(0, config.id_column)
+    elif ROW_ID_COLUMN in names:
+        raise InputError(
+            f"the input already has a column {ROW_ID_COLUMN!r}; pass id_column={ROW_ID_COLUMN!r} to use it"
+        )
+    missing = [c for c in keep if c not in names]
+    if missing:
+        raise InputError(f"keep_columns {missing} are not input columns; columns read: {names}")
+    return keep
+
+
+def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
+    """Check the output folder against the plan and return its committed ranges."""
+    recorded = ledger.load_plan()
+    if recorded is not None:
+        changes = input_changes(recorded["input"], plan)
+        job_diff = sorted(k for k, v in config.job_signature().items() if recorded["job"].get(k) != v)
+        same_run = config.run_key is not None and recorded.get("run_key") == config.run_key
+        if config.mode == "overwrite" and (changes or job_diff or not same_run):
+            log.info("mode='overwrite': removing %s", config.output_path)
+            ledger.reset()
+            recorded = None
+        elif changes:
+            raise InputChangedError(
+                f"input {config.input_path!r} changed since the ranges of {config.output_path!r} were planned "
+                f"({changes}). Results from the old and new input would be mixed; "
+                "rerun with mode='overwrite' to start afresh."
+            )
+        elif job_diff:
+            raise ConfigError(
+                f"output {config.output_path!r} was started with different settings ({', '.join(job_diff)}); "
+                "mixing results is refused. Use mode='overwrite' or another output path."
+            )
+    elif config.mode == "resume" and (foreign := ledger.foreign_entries()):
+        raise ConfigError(
+            f"output path {config.output_path!r} is not empty and was not written by raybatch "
+            f"(found {foreign[:5]}); choose an empty folder or mode='overwrite'"
+        )
+    elif config.mode == "overwrite":
+        ledger.reset()
+
+    if recorded is None:
+        ledger.write_plan(
+            {
+                "input_path": config.input_path,
+                "input": plan.describe(),
+                "job": config.job_signature(),
+                "run_key": config.run_key,
+            }
+        )
+        committed: dict[str, dict[str, Any]] = {}
+    else:
+        committed = ledger.committed()
+    removed = ledger.remove_uncommitted(committed)
+    if removed:
+        log.info("Removed %d file(s) of uncommitted ranges", len(removed))
+    return committed
+
+
+def _commit_empty_range(
+    ledger: OutputLedger, plan: Plan, index: int, keep: list[str], config: BatchInferenceConfig
+) -> None:
+    row_range = plan.ranges[index]
+    tmp = None
+    if plan.total_rows == 0 and index == 0:
+        # An output with no rows still gets one (empty) file so that any Parquet reader opens it.
+        fields = [pa.field(ROW_ID_COLUMN, pa.int64())] if config.id_column is None else []
+        schema = pa.schema(fields + [plan.schema.field(c) for c in keep])
+        tmp = ledger.tmp_file(row_range.id)
+        with ledger.fs.open(tmp, "wb") as f:
+            pq.write_table(schema.empty_table(), f)
+    ledger.commit(row_range.id, tmp, 0)
+
+
+def _check_resources(stages: list[Stage]) -> None:
+    """Refuse what the cluster cannot run: Ray Data would otherwise wait silently, forever."""
+    import ray
+
+    resources = ray.cluster_resources()
+    cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
+    for stage in stages:
+        where = f"stage {stage.display_name!r}"
+        if stage.num_gpus > gpus:
+            raise ConfigError(
+                f"{where} asks for num_gpus={stage.num_gpus} per replica but the Ray cluster has {gpus:g} GPU(s)"
+            )
+        if stage.accelerator_type and f"accelerator_type:{stage.accelerator_type}" not in resources:
+            raise ConfigError(
+                f"{where} asks for accelerator_type={stage.accelerator_type!r}, which no node of the Ray cluster has"
+            )
+        if stage.memory and stage.memory > resources.get("memory", 0):
+            raise ConfigError(
+                f"{where} asks for memory={stage.memory} bytes per replica, more than the Ray cluster has"
+            )
+    min_replicas = {
+        s.display_name: s.concurrency[0] if isinstance(s.concurrency, tuple) else s.concurrency for s in stages
+    }
+    gpu_need = sum(s.num_gpus * min_replicas[s.display_name] for s in stages)
+    if gpu_need > gpus:
+        raise ConfigError(f"the stages need {gpu_need:g} GPUs (replicas x num_gpus) but the Ray cluster has {gpus:g}")
+    cpu_need = sum(s.num_cpus * min_replicas[s.display_name] for s in stages)
+    if cpu_need + READ_CPUS > cpus:
+        detail = ", ".join(f"{s.display_name}: {min_replicas[s.display_name]} x {s.num_cpus:g}" for s in stages)
+        raise ConfigError(
+            f"the stages reserve {cpu_need:g} CPUs (replicas x num_cpus: {detail}) and reading needs {READ_CPUS}, "
+            f"but the Ray cluster has {cpus:g} CPUs: the pipeline would stall waiting for a CPU. "
+            "Lower concurrency or num_cpus (fractions such as 0.5 are allowed)."
+        )
+
+
+def _stream(config, plan, ledger, pending, keep, in_fs, progress) -> None:
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
+    DataContext.get_current().enable_progress_bars = False  # progress goes to the log, see _Progress
+    ds = ray.data.from_items([{"range_index": i} for i in pending], override_num_blocks=len(pending))
+    ds = ds.map_batches(
+        read_ranges,
+        fn_kwargs={
+            "fs": in_fs,
+            "files": plan.files,
+            "ranges": plan.ranges,
+            "columns": plan.schema.names,
+            "keep": keep,
+            "derive_row_id": config.id_column is None,
+        },
+        batch_size=1,
+        batch_format="pyarrow",
+        num_cpus=READ_CPUS,
+    )
+    for stage in config.stages:
+        pool = stage.concurrency
+        ds = ds.map_batches(
+            StageWorker,
+            fn_constructor_kwargs={"stage": stage},
+            batch_size=stage.batch_size,
+            batch_format="pyarrow",
+            zero_copy_batch=True,
+            compute=ActorPoolStrategy(min_size=pool[0], max_size=pool[1])
+            if isinstance(pool, tuple)
+            else ActorPoolStrategy(size=pool),
+            num_cpus=stage.num_cpus,
+            num_gpus=stage.num_gpus,
+            memory=stage.memory,
+            accelerator_type=stage.accelerator_type,
+            udf_modifying_row_count=False,
+        )
+    writers = _RangeWriters(ledger, plan, progress)
+    try:
+        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+            for index, rows in split_by_range(block):
+                writers.write(index, output_columns(rows))
+        writers.check_done()
+    finally:
+        writers.abort()
+
+
+@dataclass
+class _OpenRange:
+    path: str
+    file: Any
+    writer: pq.ParquetWriter | None = None
+    buffered: list[pa.Table] = field(default_factory=list)
+    buffered_rows: int = 0
+    rows: int = 0
+
+
+class _RangeWriters:
+    """One Parquet file per range, committed when the range's last row arrives."""
+
+    def __init__(self, ledger: OutputLedger, plan: Plan, progress: _Progress):
+        self.ledger, self.plan, self.progress = ledger, plan, progress
+        self.open: dict[int, _OpenRange] = {}
+
+    def write(self, index: int, table: pa.Table) -> None:
+        row_range = self.plan.ranges[index]
+        current = self.open.get(index)
+        if current is None:
+            path = self.ledger.tmp_file(row_range.id)
+            current = self.open[index] = _OpenRange(path, self.ledger.fs.open(path, "wb"))
+        current.buffered.append(table)
+        current.buffered_rows += table.num_rows
+        current.rows += table.num_rows
+        if current.rows > row_range.rows:
+            raise RayBatchError(f"range {row_range.id} received {current.rows} rows but holds {row_range.rows}")
+        if current.rows == row_range.rows:
+            self._flush(current)
+            current.writer.close()
+            current.file.close()
+            del self.open[index]
+            self.ledger.commit(row_range.id, current.path, current.rows)
+            crash_point("committed")
+            self.progress.committed(index)
+        elif current.buffered_rows >= ROW_GROUP_ROWS:
+            self._flush(current)
+
+    def _flush(self, current: _OpenRange) -> None:
+        try:
+            table = pa.concat_tables(current.buffered, promote_options="permissive")
+        except pa.ArrowInvalid as e:
+            raise StageError(f"the stages returned batches with incompatible schemas: {e}") from e
+        if current.writer is None:
+            current.writer = pq.ParquetWriter(current.file, table.schema)
+        elif table.schema != current.writer.schema:
+            try:
+                table = table.cast(current.writer.schema)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
+                raise StageError(f"the stages returned batches with incompatible schemas: {e}") from e
+        current.writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        current.buffered, current.buffered_rows = [], 0
+
+    def check_done(self) -> None:
+        if self.open:
+            short = [self.plan.ranges[i].id for i in self.open]
+            raise RayBatchError(f"the stream ended before ranges {short} were complete")
+
+    def abort(self) -> None:
+        for current in self.open.values():
+            for closeable in (current.writer, current.file):
+                try:
+                    if closeable is not None:
+                        closeable.close()
+                except Exception:  # noqa: BLE001 - already failing; the next run removes the file
+                    pass
+        self.open.clear()
+
+
+class _Progress:
+    """Counts committed ranges and logs progress at most every PROGRESS_INTERVAL_S seconds."""
+
+    def __init__(self, plan: Plan, committed: dict[str, dict[str, Any]]):
+        self.plan = plan
+        self.started = time.monotonic()
+        self.last_log = self.started
+        self.skipped = len(committed)
+        self.rows_out = sum(r["rows"] for r in committed.values())
+        self.done = 0
+        self.rows_processed = 0
+
+    def committed(self, index: int) -> None:
+        rows = self.plan.ranges[index].rows
+        self.done += 1
+        self.rows_processed += rows
+        self.rows_out += rows
+        now = time.monotonic()
+        if now - self.last_log >= PROGRESS_INTERVAL_S or self.skipped + self.done == len(self.plan.ranges):
+            self.last_log = now
+            rate = self.rows_processed / max(now - self.started, 1e-9)
+            left = self.plan.total_rows - self.rows_out
+            log.info(
+                "Committed %d/%d ranges, %d/%d rows, %.0f rows/s, about %.0fs left",
+                self.skipped + self.done,
+                len(self.plan.ranges),
+                self.rows_out,
+                self.plan.total_rows,
+                rate,
+                left / rate if rate else 0,
+            )
+
+    def summary(self, output_path: str, seconds: float) -> dict[str, Any]:
+        return {
+            "output_path": output_path,
+            "rows_in": self.plan.total_rows,
+            "rows_out": self.rows_out,
+            "rows_processed": self.rows_processed,
+            "ranges_total": len(self.plan.ranges),
+            "ranges_done": self.done,
+            "ranges_skipped": self.skipped,
+            "seconds": round(seconds, 3),
+            "rows_per_second": round(self.rows_processed / seconds, 1) if seconds > 0 else 0.0,
+        }

@@ -1,0 +1,75 @@
+"""Filesystem access through fsspec (local paths, ``s3://`` through s3fs, any fsspec protocol)."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import uuid
+from typing import Any
+
+import fsspec
+from fsspec import AbstractFileSystem
+
+GLOB_CHARS = "*?["
+
+
+def resolve(path: str, storage_options: dict[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
+    """Return the filesystem for ``path`` and the path as that filesystem spells it.
+
+    ``storage_options`` (credentials, endpoint) apply to remote paths only.
+    """
+    remote = fsspec.utils.get_protocol(path) not in ("file", "local")
+    fs, fs_path = fsspec.core.url_to_fs(path, **((storage_options or {}) if remote else {}))
+    return fs, fs_path.rstrip("/") or "/"
+
+
+def is_local(fs: AbstractFileSystem) -> bool:
+    return "file" in _protocols(fs)
+
+
+def same_filesystem(a: AbstractFileSystem, b: AbstractFileSystem) -> bool:
+    return bool(_protocols(a) & _protocols(b))
+
+
+def _protocols(fs: AbstractFileSystem) -> set[str]:
+    protocol = fs.protocol
+    return set(protocol) if isinstance(protocol, (tuple, list)) else {protocol}
+
+
+def static_prefix(fs_path: str) -> str:
+    """The folder part of a glob before its first wildcard (the path itself if no wildcard)."""
+    cut = min((fs_path.find(c) for c in GLOB_CHARS if c in fs_path), default=-1)
+    if cut < 0:
+        return fs_path
+    return posixpath.dirname(fs_path[:cut]) or "/"
+
+
+def is_within(child: str, parent: str) -> bool:
+    child, parent = child.rstrip("/"), parent.rstrip("/")
+    return child == parent or child.startswith(parent + "/")
+
+
+def is_hidden(relpath: str) -> bool:
+    """Files and folders starting with ``_`` or ``.`` are bookkeeping, as for Spark and pyarrow."""
+    return any(part.startswith(("_", ".")) for part in relpath.split("/"))
+
+
+def write_json(fs: AbstractFileSystem, path: str, payload: Any) -> None:
+    """Write a JSON file so that readers see the old or the new content, never a partial one."""
+    data = json.dumps(payload, indent=1, sort_keys=True).encode()
+    if is_local(fs):
+        # Local writes are not atomic: write a sibling, then rename over the target.
+        tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        with fs.open(tmp, "wb") as f:
+            f.write(data)
+        fs.mv(tmp, path)
+    else:
+        # Object stores publish an object only once its upload completes.
+        with fs.open(path, "wb") as f:
+            f.write(data)
+
+
+def read_json(fs: AbstractFileSystem, path: str) -> Any:
+    with fs.open(path, "rb") as f:
+        return json.loads(f.read())

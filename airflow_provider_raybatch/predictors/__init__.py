@@ -1,0 +1,1 @@
+"""Ready-made predictors (they run on Ray: no Airflow imports)."""
