@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "prepare":
         train_accuracy = train(root / "model" / "digits.safetensors")
         rows = write_input(root / "input" / args.date)
-        print(f"model trained (train accuracy {train_accuracy:.3f}); {rows} rows of input in {root / 'input' / args.date}")
+        print(
+            f"model trained (train accuracy {train_accuracy:.3f}); {rows} rows of input in {root / 'input' / args.date}"
+        )
     else:
         output = root / "output" / args.date
         rows, acc = accuracy(str(output))

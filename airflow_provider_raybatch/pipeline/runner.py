@@ -30,7 +30,6 @@ from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
 from airflow_provider_raybatch.pipeline.stages import (
     StageWorker,
     output_columns,
-    read_ranges,
     resolve_predictor,
     split_by_range,
 )
@@ -212,22 +211,11 @@ def _stream(config, plan, ledger, pending, keep, in_fs, progress) -> None:
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
+    from airflow_provider_raybatch.pipeline.datasource import RangeDatasource
+
     DataContext.get_current().enable_progress_bars = False  # progress goes to the log, see _Progress
-    ds = ray.data.from_items([{"range_index": i} for i in pending], override_num_blocks=len(pending))
-    ds = ds.map_batches(
-        read_ranges,
-        fn_kwargs={
-            "fs": in_fs,
-            "files": plan.files,
-            "ranges": plan.ranges,
-            "columns": plan.schema.names,
-            "keep": keep,
-            "derive_row_id": config.id_column is None,
-        },
-        batch_size=1,
-        batch_format="pyarrow",
-        num_cpus=READ_CPUS,
-    )
+    datasource = RangeDatasource(in_fs, plan, pending, keep, derive_row_id=config.id_column is None)
+    ds = ray.data.read_datasource(datasource, num_cpus=READ_CPUS)
     for stage in config.stages:
         pool = stage.concurrency
         ds = ds.map_batches(

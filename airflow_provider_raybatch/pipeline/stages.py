@@ -88,29 +88,25 @@ class StageWorker:
         return result
 
 
-def read_ranges(
-    batch: pa.Table,
-    *,
+def read_range(
     fs: AbstractFileSystem,
-    files: list[InputFile],
-    ranges: list[RowRange],
+    file: InputFile,
+    row_range: RowRange,
+    range_index: int,
     columns: list[str],
     keep: list[str],
     derive_row_id: bool,
 ) -> Iterator[pa.Table]:
-    """Read the ranges named in ``batch["range_index"]``, one row group slice at a time."""
-    for range_index in batch.column("range_index").to_pylist():
-        row_range = ranges[range_index]
-        file = files[row_range.file_index]
-        with fs.open(file.path, "rb") as f:
-            parquet = pq.ParquetFile(f)
-            offset = 0
-            for group, group_rows in enumerate(file.row_groups):
-                lo, hi = max(row_range.start, offset), min(row_range.end, offset + group_rows)
-                if lo < hi:
-                    table = parquet.read_row_group(group, columns=columns).slice(lo - offset, hi - lo)
-                    yield _with_internal_columns(table, range_index, row_range.file_index, lo, keep, derive_row_id)
-                offset += group_rows
+    """Read one range, a row group slice at a time, with its internal columns."""
+    with fs.open(file.path, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        offset = 0
+        for group, group_rows in enumerate(file.row_groups):
+            lo, hi = max(row_range.start, offset), min(row_range.end, offset + group_rows)
+            if lo < hi:
+                table = parquet.read_row_group(group, columns=columns).slice(lo - offset, hi - lo)
+                yield _with_internal_columns(table, range_index, row_range.file_index, lo, keep, derive_row_id)
+            offset += group_rows
 
 
 def _with_internal_columns(

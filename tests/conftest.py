@@ -1,0 +1,66 @@
+"""Shared fixtures: a real local Ray, a real Airflow metadata DB, a real S3 protocol (moto)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Airflow reads its configuration at import: point it at a throwaway home first.
+_AIRFLOW_HOME = tempfile.mkdtemp(prefix="raybatch-airflow-")
+os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> str:
+    """A migrated SQLite metadata DB, as `dag.test()` needs one."""
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True)
+    return _AIRFLOW_HOME
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One embedded local Ray for the session (started the way the provider starts it)."""
+    import ray
+
+    from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+
+    with ray_session():
+        yield ray.cluster_resources()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto S3 server on loopback; yields fsspec storage options that reach it."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
+    }
+    import boto3
+
+    boto3.client("s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]).create_bucket(
+        Bucket="raybatch-test"
+    )
+    yield options
+    server.stop()

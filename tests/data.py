@@ -1,0 +1,45 @@
+"""Test data written as real Parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FEATURES = 8
+
+
+def features_table(n: int, start_id: int = 0, seed: int = 0) -> pa.Table:
+    rng = np.random.default_rng(seed + start_id)
+    x = rng.random((n, FEATURES), dtype=np.float32)
+    return pa.table(
+        {
+            "id": pa.array(np.arange(start_id, start_id + n, dtype=np.int64)),
+            "features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES),
+            "group": pa.array([f"g{i % 3}" for i in range(start_id, start_id + n)]),
+        }
+    )
+
+
+def write_input(folder: Path, rows_per_file: list[int], row_group_size: int = 100) -> list[Path]:
+    """Files part-0.parquet, part-1.parquet... with consecutive ids starting at 0."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths, start = [], 0
+    for i, n in enumerate(rows_per_file):
+        path = folder / f"part-{i}.parquet"
+        pq.write_table(features_table(n, start), path, row_group_size=row_group_size)
+        paths.append(path)
+        start += n
+    return paths
+
+
+def read_output(path: str | Path, **kwargs) -> pa.Table:
+    return pq.read_table(str(path), **kwargs)
+
+
+def assert_exactly_once(output: pa.Table, expected_ids: range | list[int]) -> None:
+    ids = output["id"].to_pylist()
+    assert len(ids) == len(set(ids)), f"{len(ids) - len(set(ids))} duplicated rows"
+    assert sorted(ids) == list(expected_ids)

@@ -1,0 +1,311 @@
+"""The runner on a real local Ray: output, exactly-once resume after real crashes, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from tests.data import assert_exactly_once, features_table, read_output, write_input
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def config(tmp_path: Path, predictor="tests.predictors:score", **kwargs) -> BatchInferenceConfig:
+    stage_kwargs = {
+        k: kwargs.pop(k)
+        for k in ("predictor_kwargs", "num_cpus", "num_gpus", "concurrency", "batch_size")
+        if k in kwargs
+    }
+    return BatchInferenceConfig(
+        input_path=kwargs.pop("input_path", str(tmp_path / "in")),
+        output_path=kwargs.pop("output_path", str(tmp_path / "out")),
+        stages=kwargs.pop("stages", None) or [Stage(predictor, **stage_kwargs)],
+        **{"id_column": "id", "rows_per_range": 100, **kwargs},
+    )
+
+
+def commit_count(output: Path) -> int:
+    commits = output / "_raybatch" / "commits"
+    return len(list(commits.glob("*.json"))) if commits.exists() else 0
+
+
+def test_output_holds_kept_columns_and_predictions_once(tmp_path):
+    write_input(tmp_path / "in", [250, 130])
+    summary = run_batch_inference(config(tmp_path, keep_columns=["group"]))
+    out = read_output(tmp_path / "out")
+    assert set(out.column_names) == {"id", "group", "score"}
+    assert_exactly_once(out, range(380))
+    features = [
+        features_table(n, start)["features"].combine_chunks().flatten().to_numpy()
+        for n, start in [(250, 0), (130, 250)]
+    ]
+    expected = np.concatenate(features).reshape(-1, 8).sum(axis=1)
+    assert np.allclose(out.sort_by("id")["score"].to_numpy(), expected, rtol=1e-5)
+    assert summary["rows_in"] == summary["rows_out"] == summary["rows_processed"] == 380
+    assert summary["ranges_total"] == summary["ranges_done"] == 5 and summary["ranges_skipped"] == 0
+    # Bookkeeping stays under _raybatch/: Ray Data reads exactly the committed rows too.
+    import ray
+
+    assert ray.data.read_parquet(str(tmp_path / "out")).count() == 380
+
+
+def test_rerun_of_a_finished_output_is_a_fast_no_op(tmp_path):
+    write_input(tmp_path / "in", [300])
+    first = run_batch_inference(config(tmp_path))
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    again = run_batch_inference(config(tmp_path))
+    assert (again["rows_in"], again["rows_out"], again["ranges_total"]) == (first["rows_in"], first["rows_out"], 3)
+    assert again["ranges_skipped"] == 3 and again["ranges_done"] == 0 and again["rows_processed"] == 0
+    assert again["seconds"] < first["seconds"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == files
+
+
+def test_derived_row_id_is_stable_and_unique(tmp_path):
+    write_input(tmp_path / "in", [150, 150])
+    run_batch_inference(config(tmp_path, id_column=None))
+    out = read_output(tmp_path / "out").sort_by("_row_id")
+    row_ids = out["_row_id"].to_pylist()
+    assert row_ids == [*range(150), *((1 << 40) + i for i in range(150))]
+    assert out["id"].to_pylist() == list(range(300))
+
+
+def test_failed_first_try_resumes_from_committed_ranges(tmp_path):
+    write_input(tmp_path / "in", [1000])
+    marker = tmp_path / "fail-marker"
+    marker.touch()
+    cfg = config(
+        tmp_path,
+        predictor="tests.predictors:FailWhileMarked",
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 600},
+        batch_size=100,
+    )
+    with pytest.raises(Exception, match="injected failure"):
+        run_batch_inference(cfg)
+    committed_after_failure = commit_count(tmp_path / "out")
+    assert 0 < committed_after_failure < 10
+    marker.unlink()
+    summary = run_batch_inference(cfg)
+    assert summary["ranges_skipped"] == committed_after_failure
+    assert summary["rows_processed"] == 1000 - 100 * committed_after_failure
+    assert_exactly_once(read_output(tmp_path / "out"), range(1000))
+
+
+RUN_SCRIPT = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+cfg = BatchInferenceConfig(sys.argv[1], sys.argv[2], [Stage(sys.argv[3], json.loads(sys.argv[4]), batch_size=100)],
+                           id_column="id", rows_per_range=100)
+print("SUMMARY " + json.dumps(run_batch_inference(cfg)))
+"""
+
+
+def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True):
+    """Run the pipeline in its own process, with its own embedded Ray in its own temp dir."""
+    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths are length-limited
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **(env or {})}
+    args = [
+        sys.executable,
+        "-c",
+        RUN_SCRIPT,
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        predictor,
+        json.dumps(kwargs),
+    ]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if wait:
+        proc.output = proc.communicate(timeout=300)[0]
+    proc.ray_tmp = ray_tmp
+    return proc
+
+
+def ray_processes(ray_tmp: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", ray_tmp], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def kill_leftovers(ray_tmp: str) -> None:
+    """A SIGKILLed driver cannot stop its Ray; the test cleans up after it."""
+    subprocess.run(["pkill", "-9", "-f", ray_tmp])
+
+
+def test_sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_nothing(tmp_path):
+    write_input(tmp_path / "in", [800])
+    crashed = run_in_subprocess(tmp_path, "tests.predictors:score", {}, env={"RAYBATCH_TEST_CRASH": "published:3"})
+    kill_leftovers(crashed.ray_tmp)
+    assert crashed.returncode == -signal.SIGKILL, crashed.output
+    out = tmp_path / "out"
+    assert commit_count(out) == 2
+    assert len(list(out.glob("part-*.parquet"))) == 3  # the third file is in place, uncommitted
+    summary = run_batch_inference(config(tmp_path))
+    assert summary["ranges_skipped"] == 2 and summary["rows_processed"] == 600
+    assert_exactly_once(read_output(out), range(800))
+
+
+def test_killed_process_resumes_and_embedded_ray_leaves_no_process(tmp_path):
+    write_input(tmp_path / "in", [1500])
+    out = tmp_path / "out"
+    slow = {"delay_s": 0.4}
+    running = run_in_subprocess(tmp_path, "tests.predictors:SlowScore", slow, wait=False)
+    try:
+        deadline = time.monotonic() + 120
+        while commit_count(out) < 3 and running.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert running.poll() is None, running.stdout.read()
+        running.kill()  # SIGKILL, mid-run
+        running.wait()
+    finally:
+        kill_leftovers(running.ray_tmp)
+    committed = commit_count(out)
+    assert 3 <= committed < 15
+
+    resumed = run_in_subprocess(tmp_path, "tests.predictors:SlowScore", slow)
+    assert resumed.returncode == 0, resumed.output
+    summary = json.loads(resumed.output.split("SUMMARY ", 1)[1].splitlines()[0])
+    assert summary["ranges_skipped"] == committed
+    assert summary["rows_processed"] == 1500 - 100 * committed
+    assert_exactly_once(read_output(out), range(1500))
+    time.sleep(2)
+    assert ray_processes(resumed.ray_tmp) == []
+
+
+def test_overwrite_starts_afresh_once_per_run(tmp_path):
+    write_input(tmp_path / "in", [300])
+    run_batch_inference(config(tmp_path))
+    stale = tmp_path / "out" / "part-stale.parquet"
+    pq.write_table(features_table(3, 9000), stale)  # a leftover that no commit names
+
+    again = run_batch_inference(config(tmp_path, mode="overwrite", run_key="run-1"))
+    assert again["ranges_done"] == 3 and not stale.exists()
+    retry = run_batch_inference(config(tmp_path, mode="overwrite", run_key="run-1"))
+    assert retry["ranges_skipped"] == 3  # a retry of the same run resumes
+    later = run_batch_inference(config(tmp_path, mode="overwrite", run_key="run-2"))
+    assert later["ranges_done"] == 3
+    assert_exactly_once(read_output(tmp_path / "out"), range(300))
+
+
+def test_changed_input_is_refused_unless_overwriting(tmp_path):
+    write_input(tmp_path / "in", [200, 100])
+    run_batch_inference(config(tmp_path))
+    pq.write_table(features_table(100, 300), tmp_path / "in" / "part-2.parquet")
+    with pytest.raises(InputChangedError, match=r"changed since .* \(added: part-2.parquet\).*mode='overwrite'"):
+        run_batch_inference(config(tmp_path))
+    summary = run_batch_inference(config(tmp_path, mode="overwrite"))
+    assert summary["rows_out"] == 400
+    assert_exactly_once(read_output(tmp_path / "out"), range(400))
+
+
+def test_changed_settings_are_refused(tmp_path):
+    write_input(tmp_path / "in", [200])
+    run_batch_inference(config(tmp_path))
+    with pytest.raises(ConfigError, match=r"different settings \(rows_per_range\)"):
+        run_batch_inference(config(tmp_path, rows_per_range=50))
+    with pytest.raises(ConfigError, match=r"different settings \(stages\)"):
+        run_batch_inference(config(tmp_path, predictor="tests.predictors:SlowScore"))
+
+
+def test_empty_input_files_commit_an_empty_readable_output(tmp_path):
+    write_input(tmp_path / "in", [0, 0])
+    summary = run_batch_inference(config(tmp_path, keep_columns=["group"]))
+    assert summary["rows_out"] == 0 and summary["ranges_total"] == 2 and summary["ranges_done"] == 2
+    assert commit_count(tmp_path / "out") == 2
+    out = read_output(tmp_path / "out")
+    assert out.num_rows == 0 and out.column_names == ["id", "group"]
+    import ray
+
+    assert ray.data.read_parquet(str(tmp_path / "out")).count() == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "error", "message"),
+    [
+        ({"input_path": "{tmp}/missing"}, InputError, "input path '{tmp}/missing' does not exist"),
+        ({"input_path": "{tmp}/in/*.csv"}, InputError, "input path '{tmp}/in/\\*.csv' matches no file"),
+        (
+            {"columns": ["id", "features", "nope"]},
+            InputError,
+            r"\['nope'\] not found in .* it has columns \['id', 'features', 'group'\]",
+        ),
+        ({"predictor": "tests.predictors:Missing"}, ConfigError, "cannot import predictor 'tests.predictors:Missing'"),
+        ({"predictor": "no_such_module:Predictor"}, ConfigError, "cannot import predictor 'no_such_module:Predictor'"),
+        (
+            {"predictor": "tests.predictors:NOT_CALLABLE"},
+            ConfigError,
+            "predictor 'tests.predictors:NOT_CALLABLE' is not callable",
+        ),
+        ({"output_path": "{tmp}/in/out"}, ConfigError, "output path '{tmp}/in/out' overlaps input path"),
+        ({"output_path": "{tmp}/in"}, ConfigError, "overlaps input path"),
+        ({"num_gpus": 1}, ConfigError, r"num_gpus=1 per replica but the Ray cluster has 0 GPU"),
+        (
+            {"concurrency": 2},
+            ConfigError,
+            r"reserve 2 CPUs \(replicas x num_cpus: LoadMarker: 2 x 1\) and reading needs 1.*stall",
+        ),
+        ({"concurrency": (3, 2)}, ConfigError, "concurrency must be"),
+        ({"keep_columns": ["nope"]}, InputError, r"keep_columns \['nope'\] are not input columns"),
+    ],
+)
+def test_bad_settings_fail_before_the_model_loads(tmp_path, overrides, error, message):
+    write_input(tmp_path / "in", [100])
+    marker = tmp_path / "model-loaded"
+    overrides = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in overrides.items()}
+    cfg = config(
+        tmp_path,
+        **{"predictor": "tests.predictors:LoadMarker", "predictor_kwargs": {"marker": str(marker)}, **overrides},
+    )
+    with pytest.raises(error, match=message.format(tmp=tmp_path)):
+        run_batch_inference(cfg)
+    assert not marker.exists()
+    assert not (tmp_path / "in" / "out").exists()
+
+
+def test_foreign_output_folder_is_refused(tmp_path):
+    write_input(tmp_path / "in", [10])
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "report.csv").write_text("precious")
+    with pytest.raises(ConfigError, match=r"is not empty and was not written by raybatch \(found \['report.csv'\]\)"):
+        run_batch_inference(config(tmp_path))
+    assert (tmp_path / "out" / "report.csv").read_text() == "precious"
+
+
+def test_a_stage_returning_the_wrong_row_count_is_named(tmp_path):
+    write_input(tmp_path / "in", [100])
+    with pytest.raises(
+        Exception, match=r"stage 'drop_one_row' returned column 'score' with 99 rows for a batch of 100"
+    ):
+        run_batch_inference(config(tmp_path, predictor="tests.predictors:drop_one_row"))
+    assert commit_count(tmp_path / "out") == 0
+
+
+def test_s3_input_and_output_through_a_real_s3_protocol(tmp_path, s3_server):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_server)
+    for i, n in enumerate([150, 100]):
+        with fs.open(f"raybatch-test/in/part-{i}.parquet", "wb") as f:
+            pq.write_table(features_table(n, 150 * i), f, row_group_size=50)
+    cfg = config(
+        tmp_path, input_path="s3://raybatch-test/in/", output_path="s3://raybatch-test/out/", storage_options=s3_server
+    )
+    summary = run_batch_inference(cfg)
+    assert summary["rows_out"] == 250
+    fs.invalidate_cache()
+    assert not any(p.rsplit("/", 1)[-1].startswith("part-") for p in fs.ls("raybatch-test/out/_raybatch"))
+    out = pq.read_table("raybatch-test/out", filesystem=fs)
+    assert_exactly_once(out, range(250))
+    assert run_batch_inference(cfg)["ranges_skipped"] == summary["ranges_total"]

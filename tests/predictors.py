@@ -1,0 +1,102 @@
+"""Predictors used by the tests. Ray workers import them by path, as they would a user's module.
+
+The first ones are written as in Ray Data's batch inference guide, unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import torch
+
+
+# As in the guide: a torch model built in __init__, a dict of numpy arrays in and out.
+class TorchPredictor:
+    def __init__(self):
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+        self.model.eval()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict:
+        tensor = torch.as_tensor(batch["features"], dtype=torch.float32)
+        with torch.inference_mode():
+            return {"output": self.model(tensor).numpy()}
+
+
+# As in the guide: a function UDF that takes extra keyword arguments (fn_kwargs).
+def add_bias(batch: dict[str, np.ndarray], bias: float) -> dict[str, np.ndarray]:
+    batch["biased"] = batch["features"].sum(axis=1) + bias
+    return batch
+
+
+# As in the guide's "CPU preprocessing then GPU model": a preprocessing function and a model class.
+def normalize(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    features = batch["features"]
+    batch["features"] = (features - features.mean(axis=1, keepdims=True)).astype(np.float32)
+    return batch
+
+
+class SumModel:
+    def __init__(self, column: str = "features", output: str = "total"):
+        self.column, self.output = column, output
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        batch[self.output] = batch[self.column].sum(axis=1)
+        return batch
+
+
+class Scale:
+    """Second model of a chain: reads the first model's output."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"scaled": batch["total"] * self.factor}
+
+
+def score(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"score": batch["features"].sum(axis=1)}
+
+
+class SlowScore:
+    """Scores, sleeping per batch so that a test can kill the run part-way."""
+
+    def __init__(self, delay_s: float = 0.3):
+        self.delay_s = delay_s
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(self.delay_s)
+        return {"score": batch["features"].sum(axis=1)}
+
+
+class FailWhileMarked:
+    """Raises on rows with id >= fail_from_id while the marker file exists (a failing first try)."""
+
+    def __init__(self, marker: str, fail_from_id: int):
+        self.marker, self.fail_from_id = marker, fail_from_id
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if os.path.exists(self.marker) and batch["id"].max() >= self.fail_from_id:
+            time.sleep(1.0)  # let the ranges already scored reach the driver and be committed
+            raise RuntimeError("injected failure")
+        return {"score": batch["features"].sum(axis=1)}
+
+
+class LoadMarker:
+    """Writes a marker file when the model 'loads', to prove that checks ran before loading."""
+
+    def __init__(self, marker: str):
+        open(marker, "w").close()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"score": batch["features"].sum(axis=1)}
+
+
+def drop_one_row(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {"score": batch["features"].sum(axis=1)[1:]}
+
+
+NOT_CALLABLE = 42
