@@ -26,7 +26,12 @@ with DAG(
     max_active_runs=2,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
     params={
-        "data_root": Param(DEFAULT_ROOT, type="string", minLength=1, description="Folder (or s3:// prefix) holding model/, input/<ds>/ and output/<ds>/"),
+        "data_root": Param(
+            DEFAULT_ROOT,
+            type="string",
+            minLength=1,
+            description="Folder (or s3:// prefix) holding model/, input/<ds>/ and output/<ds>/",
+        ),
     },
     tags=["raybatch", "example"],
 ) as dag:

@@ -27,6 +27,18 @@ def airflow_db() -> str:
     return _AIRFLOW_HOME
 
 
+def run_dag(dag, logical_date, conf=None):
+    """`dag.test()` for a DAG defined in a test: serialise it first, as the DAG processor would."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dag_folder=tempfile.mkdtemp())
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)
+    return dag.test(logical_date=logical_date, run_conf=conf)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """One embedded local Ray for the session (started the way the provider starts it)."""
@@ -59,8 +71,8 @@ def s3_server():
     }
     import boto3
 
-    boto3.client("s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]).create_bucket(
-        Bucket="raybatch-test"
-    )
+    boto3.client(
+        "s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]
+    ).create_bucket(Bucket="raybatch-test")
     yield options
     server.stop()

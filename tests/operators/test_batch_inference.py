@@ -1,0 +1,171 @@
+"""The operator in a real Airflow (`dag.test()`) on a real local Ray."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator, storage_options
+from airflow_provider_raybatch.pipeline import Stage
+from tests.conftest import run_dag
+from tests.data import assert_exactly_once, features_table, read_output, write_input
+
+pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
+LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
+
+
+def states(dag: DAG) -> dict[str, str]:
+    return {ti.task_id: ti.state for ti in run_dag(dag, LOGICAL_DATE).get_task_instances()}
+
+
+def test_the_guide_s_predictors_run_unchanged(tmp_path):
+    """The torch class, a function with fn kwargs, CPU preprocessing then a model, a chain of two models."""
+    write_input(tmp_path / "in" / "2026-11-20", [300, 200])
+    common = {"input_path": str(tmp_path / "in" / "{{ ds }}"), "id_column": "id", "rows_per_range": 100}
+    with DAG("guide_predictors", schedule=None, start_date=LOGICAL_DATE, render_template_as_native_obj=True) as dag:
+        RayBatchInferenceOperator(
+            task_id="torch",
+            predictor="tests.predictors:TorchPredictor",
+            keep_columns=[],
+            output_path=str(tmp_path / "torch" / "{{ ds }}"),
+            **common,
+        )
+        RayBatchInferenceOperator(
+            task_id="function",
+            predictor="tests.predictors:add_bias",
+            predictor_kwargs={"bias": 10.0},
+            output_path=str(tmp_path / "function"),
+            keep_columns=["group"],
+            **common,
+        )
+        RayBatchInferenceOperator(
+            task_id="preprocess_then_model",
+            stages=[
+                Stage("tests.predictors:normalize", num_cpus=0.25),
+                Stage("tests.predictors:SumModel", {"output": "total"}, num_cpus=0.25, num_gpus=0),
+            ],
+            output_path=str(tmp_path / "pre"),
+            keep_columns=[],
+            **common,
+        )
+        RayBatchInferenceOperator(
+            task_id="chain",
+            stages=[
+                Stage("tests.predictors:SumModel", {"output": "total"}, num_cpus=0.5),
+                Stage("tests.predictors:Scale", {"factor": "{{ params.factor }}"}, num_cpus=0.5),
+            ],
+            params={"factor": 2},
+            output_path=str(tmp_path / "chain"),
+            keep_columns=[],
+            **common,
+        )
+    assert set(states(dag).values()) == {"success"}
+
+    features = np.concatenate(
+        [
+            features_table(300, 0)["features"].combine_chunks().flatten().to_numpy(),
+            features_table(200, 300)["features"].combine_chunks().flatten().to_numpy(),
+        ]
+    ).reshape(-1, 8)
+    torch_out = read_output(tmp_path / "torch" / "2026-11-20").sort_by("id")
+    assert torch_out.column_names == ["id", "output"] and torch_out.num_rows == 500
+    assert np.asarray(torch_out["output"].to_pylist()).shape == (500, 2)
+
+    fn_out = read_output(tmp_path / "function").sort_by("id")
+    assert np.allclose(fn_out["biased"].to_numpy(), features.sum(axis=1) + 10.0, rtol=1e-5)
+    assert fn_out["group"].to_pylist()[:3] == ["g0", "g1", "g2"]
+    # The function returned its whole batch: its columns are written as returned.
+    assert set(fn_out.column_names) == {"id", "group", "features", "biased"}
+
+    pre_out = read_output(tmp_path / "pre").sort_by("id")
+    assert np.allclose(pre_out["total"].to_numpy(), 0.0, atol=1e-4)  # normalised rows sum to zero
+
+    chain_out = read_output(tmp_path / "chain").sort_by("id")
+    assert chain_out.column_names == ["id", "scaled"]  # the templated factor reached the second model
+    assert np.allclose(chain_out["scaled"].to_numpy(), features.sum(axis=1) * 2, rtol=1e-5)
+
+
+def test_summary_goes_to_xcom_and_a_retry_of_a_finished_task_is_a_no_op(tmp_path):
+    write_input(tmp_path / "in", [250])
+    with DAG("summary_xcom", schedule=None, start_date=LOGICAL_DATE) as dag:
+        RayBatchInferenceOperator(
+            task_id="score",
+            predictor="tests.predictors:score",
+            input_path=str(tmp_path / "in"),
+            output_path=str(tmp_path / "out"),
+            id_column="id",
+            rows_per_range=100,
+        )
+    run = run_dag(dag, LOGICAL_DATE)
+    summary = run.get_task_instance("score").xcom_pull(task_ids="score")
+    assert summary["rows_out"] == 250 and summary["ranges_done"] == 3
+    assert summary["output_path"] == str(tmp_path / "out")
+    json.dumps(summary)
+    rerun = run_dag(dag, datetime(2026, 11, 21, tzinfo=UTC))
+    again = rerun.get_task_instance("score").xcom_pull(task_ids="score")
+    assert again["ranges_skipped"] == 3 and again["rows_processed"] == 0
+    assert_exactly_once(read_output(tmp_path / "out"), range(250))
+
+
+def test_bad_settings_fail_the_task_without_retries(tmp_path):
+    write_input(tmp_path / "in", [10])
+    operator = RayBatchInferenceOperator(
+        task_id="bad",
+        predictor="tests.predictors:score",
+        input_path=str(tmp_path / "in"),
+        output_path=str(tmp_path / "in" / "out"),
+        retries=3,
+    )
+    with DAG("bad_settings", schedule=None, start_date=LOGICAL_DATE):
+        pass
+    context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "bad", "map_index": -1})()}
+    with pytest.raises(AirflowFailException, match="overlaps input path"):
+        operator.execute(context)
+
+
+def test_predictor_and_stages_are_exclusive():
+    with pytest.raises(ValueError, match="exactly one of predictor or stages"):
+        RayBatchInferenceOperator(task_id="x", input_path="a", output_path="b")
+    with pytest.raises(ValueError, match="exactly one of predictor or stages"):
+        RayBatchInferenceOperator(task_id="y", input_path="a", output_path="b", predictor="m:f", stages=[Stage("m:f")])
+
+
+def test_s3_credentials_come_from_an_airflow_aws_connection(tmp_path, s3_server, monkeypatch):
+    client = s3_server["client_kwargs"]
+    conn = {
+        "conn_type": "aws",
+        "login": "testing",
+        "password": "testing",
+        "extra": {"endpoint_url": client["endpoint_url"], "region_name": client["region_name"]},
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_S3_TEST", json.dumps(conn))
+    assert storage_options("s3_test") == {**s3_server}
+
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_server)
+    with fs.open("raybatch-test/op-in/2026-11-20/data.parquet", "wb") as f:
+        pq.write_table(features_table(120), f, row_group_size=60)
+    with DAG("s3_operator", schedule=None, start_date=LOGICAL_DATE) as dag:
+        RayBatchInferenceOperator(
+            task_id="score",
+            predictor="tests.predictors:score",
+            aws_conn_id="s3_test",
+            input_path="s3://raybatch-test/op-in/{{ ds }}/",
+            output_path="s3://raybatch-test/op-out/{{ ds }}/",
+            id_column="id",
+            rows_per_range=60,
+        )
+    run = run_dag(dag, LOGICAL_DATE)
+    summary = run.get_task_instance("score").xcom_pull(task_ids="score")
+    fs.invalidate_cache()
+    assert_exactly_once(pq.read_table("raybatch-test/op-out/2026-11-20", filesystem=fs), range(120))
+    # The secret reaches fsspec only: not the summary (XCom), not the output's bookkeeping.
+    assert summary["rows_out"] == 120 and "testing" not in json.dumps(summary)
+    assert b"testing" not in fs.cat("raybatch-test/op-out/2026-11-20/_raybatch/plan.json")

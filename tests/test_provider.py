@@ -1,0 +1,47 @@
+"""Packaging: provider discovery, and no heavy import on the DAG-parsing path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+from airflow_provider_raybatch import __version__
+from airflow_provider_raybatch.get_provider_info import get_provider_info
+from tests.conftest import REPO
+
+
+def test_entry_point_returns_the_provider_info():
+    (entry,) = [
+        e for e in entry_points(group="apache_airflow_provider") if e.value.startswith("airflow_provider_raybatch")
+    ]
+    info = entry.load()()
+    assert info == get_provider_info()
+    assert info["package-name"] == "airflow-provider-raybatch" and info["versions"] == [__version__]
+    assert info["connection-types"][0]["connection-type"] == "ray"
+    assert info["connection-types"][0]["hook-class-name"] == "airflow_provider_raybatch.hooks.ray.RayHook"
+
+
+def test_airflow_lists_the_provider_and_its_hook():
+    providers = subprocess.run(
+        [sys.executable, "-m", "airflow", "providers", "list"], capture_output=True, text=True, check=True
+    )
+    assert "airflow-provider-raybatch" in providers.stdout
+    hooks = subprocess.run(
+        [sys.executable, "-m", "airflow", "providers", "hooks"], capture_output=True, text=True, check=True
+    )
+    assert "airflow_provider_raybatch.hooks.ray.RayHook" in hooks.stdout
+
+
+def test_importing_the_provider_operators_and_dags_imports_no_heavy_library():
+    code = f"""
+import importlib.util, sys
+import airflow_provider_raybatch, airflow_provider_raybatch.hooks.ray, airflow_provider_raybatch.operators.batch_inference
+import airflow_provider_raybatch.pipeline
+for path in {sorted(str(p) for p in (REPO / "dags").glob("*.py"))!r}:
+    spec = importlib.util.spec_from_file_location("dag_module", path)
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(sorted(m for m in ("ray", "torch", "transformers", "vllm") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
