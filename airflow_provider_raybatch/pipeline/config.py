@@ -59,8 +59,8 @@ class Stage:
         return getattr(self.predictor, "__name__", type(self.predictor).__name__)
 
     @property
-    def max_replicas(self) -> int:
-        return self.concurrency[1] if isinstance(self.concurrency, tuple) else self.concurrency
+    def min_replicas(self) -> int:
+        return self.concurrency[0] if isinstance(self.concurrency, tuple) else self.concurrency
 
     def validate(self) -> None:
         where = f"stage {self.display_name!r}"

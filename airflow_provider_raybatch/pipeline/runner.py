@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import (
@@ -191,15 +192,12 @@ def _check_resources(stages: list[Stage]) -> None:
             raise ConfigError(
                 f"{where} asks for memory={stage.memory} bytes per replica, more than the Ray cluster has"
             )
-    min_replicas = {
-        s.display_name: s.concurrency[0] if isinstance(s.concurrency, tuple) else s.concurrency for s in stages
-    }
-    gpu_need = sum(s.num_gpus * min_replicas[s.display_name] for s in stages)
+    gpu_need = sum(s.num_gpus * s.min_replicas for s in stages)
     if gpu_need > gpus:
         raise ConfigError(f"the stages need {gpu_need:g} GPUs (replicas x num_gpus) but the Ray cluster has {gpus:g}")
-    cpu_need = sum(s.num_cpus * min_replicas[s.display_name] for s in stages)
+    cpu_need = sum(s.num_cpus * s.min_replicas for s in stages)
     if cpu_need + READ_CPUS > cpus:
-        detail = ", ".join(f"{s.display_name}: {min_replicas[s.display_name]} x {s.num_cpus:g}" for s in stages)
+        detail = ", ".join(f"{s.display_name}: {s.min_replicas} x {s.num_cpus:g}" for s in stages)
         raise ConfigError(
             f"the stages reserve {cpu_need:g} CPUs (replicas x num_cpus: {detail}) and reading needs {READ_CPUS}, "
             f"but the Ray cluster has {cpus:g} CPUs: the pipeline would stall waiting for a CPU. "
@@ -207,7 +205,15 @@ def _check_resources(stages: list[Stage]) -> None:
         )
 
 
-def _stream(config, plan, ledger, pending, keep, in_fs, progress) -> None:
+def _stream(
+    config: BatchInferenceConfig,
+    plan: Plan,
+    ledger: OutputLedger,
+    pending: list[int],
+    keep: list[str],
+    in_fs: AbstractFileSystem,
+    progress: _Progress,
+) -> None:
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
