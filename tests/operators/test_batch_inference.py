@@ -122,8 +122,6 @@ def test_bad_settings_fail_the_task_without_retries(tmp_path):
         output_path=str(tmp_path / "in" / "out"),
         retries=3,
     )
-    with DAG("bad_settings", schedule=None, start_date=LOGICAL_DATE):
-        pass
     context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "bad", "map_index": -1})()}
     with pytest.raises(AirflowFailException, match="overlaps input path"):
         operator.execute(context)
