@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
@@ -92,6 +92,21 @@ class Stage:
             "batch_format": self.batch_format,
         }
 
+    def to_spec(self) -> dict[str, Any]:
+        """A JSON-serialisable form, for running on a cluster: the predictor by import path."""
+        spec = {f.name: getattr(self, f.name) for f in fields(self)}
+        spec["predictor"] = import_path(self.predictor, f"stage {self.display_name!r}")
+        spec["concurrency"] = list(self.concurrency) if isinstance(self.concurrency, tuple) else self.concurrency
+        _check_json(spec["predictor_kwargs"], f"stage {self.display_name!r}: predictor_kwargs")
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> Stage:
+        stage = cls(**spec)
+        if isinstance(stage.concurrency, list):
+            stage.concurrency = (stage.concurrency[0], stage.concurrency[1])
+        return stage
+
 
 @dataclass
 class BatchInferenceConfig:
@@ -144,6 +159,18 @@ class BatchInferenceConfig:
             if missing:
                 raise ConfigError(f"keep_columns {missing} are not among columns {self.columns}")
 
+    def to_spec(self) -> dict[str, Any]:
+        """A JSON-serialisable form without ``storage_options``: credentials never travel with it."""
+        spec = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "storage_options"}
+        spec["stages"] = [stage.to_spec() for stage in self.stages]
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], storage_options: dict[str, Any] | None = None) -> BatchInferenceConfig:
+        spec = dict(spec)
+        spec["stages"] = [Stage.from_spec(stage) for stage in spec["stages"]]
+        return cls(**spec, storage_options=storage_options or {})
+
     def job_signature(self) -> dict[str, Any]:
         """The settings whose change would mix incompatible results in one output."""
         return {
@@ -153,6 +180,26 @@ class BatchInferenceConfig:
             "id_column": self.id_column,
             "rows_per_range": self.rows_per_range,
         }
+
+
+def import_path(obj: Any, where: str) -> str:
+    """``"module:QualName"`` of a module-level class or function (how a cluster imports it)."""
+    if isinstance(obj, str):
+        return obj
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<locals>" in qualname:
+        raise ConfigError(
+            f"{where}: {obj!r} cannot be imported by name on a Ray cluster; define it at module level "
+            "in a package the cluster can import, or pass its import path 'package.module:Name'"
+        )
+    return f"{module}:{qualname}"
+
+
+def _check_json(value: Any, where: str) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where} must be JSON-serialisable to run on a Ray cluster: {e}") from e
 
 
 def _jsonable(value: Any) -> Any:
