@@ -13,9 +13,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Airflow reads its configuration at import: point it at a throwaway home first.
-_AIRFLOW_HOME = tempfile.mkdtemp(prefix="raybatch-airflow-")
-os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
+# Airflow reads its configuration at import: point it at a throwaway home first (shared with the
+# subprocesses a test starts, which import this module again).
+_AIRFLOW_HOME = os.environ.get("RAYBATCH_TEST_AIRFLOW_HOME") or tempfile.mkdtemp(prefix="raybatch-airflow-")
+os.environ["RAYBATCH_TEST_AIRFLOW_HOME"] = os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 
@@ -28,7 +29,11 @@ def airflow_db() -> str:
 
 
 def run_dag(dag, logical_date, conf=None):
-    """`dag.test()` for a DAG defined in a test: serialise it first, as the DAG processor would."""
+    """`dag.test()` for a DAG defined in a test: serialise it first, as the DAG processor would.
+
+    The run id follows from the logical date, so running a date again is a new try of the same
+    task instances (as a retry or a clear would be).
+    """
     from airflow.dag_processing.bundles.manager import DagBundlesManager
     from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
 
@@ -36,7 +41,7 @@ def run_dag(dag, logical_date, conf=None):
     bag = DagBag(dag_folder=tempfile.mkdtemp())
     bag.bag_dag(dag)
     sync_bag_to_db(bag, "dags-folder", None)
-    return dag.test(logical_date=logical_date, run_conf=conf)
+    return dag.test(logical_date=logical_date, run_after=logical_date, run_conf=conf)
 
 
 @pytest.fixture(scope="session")
@@ -76,3 +81,13 @@ def s3_server():
     ).create_bucket(Bucket="raybatch-test")
     yield options
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real Ray cluster (`ray start --head`, dashboard, token auth) on loopback."""
+    from tests.ray_cluster import start_cluster
+
+    cluster = start_cluster()
+    yield cluster
+    cluster.stop()

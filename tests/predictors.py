@@ -100,3 +100,10 @@ def drop_one_row(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 NOT_CALLABLE = 42
+
+
+def node_id(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The Ray node each row was scored on."""
+    import ray
+
+    return {"node_id": np.array([ray.get_runtime_context().get_node_id()] * len(batch["id"]))}

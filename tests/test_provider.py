@@ -37,7 +37,7 @@ def test_importing_the_provider_operators_and_dags_imports_no_heavy_library():
     code = f"""
 import importlib.util, sys
 import airflow_provider_raybatch, airflow_provider_raybatch.hooks.ray, airflow_provider_raybatch.operators.batch_inference
-import airflow_provider_raybatch.pipeline
+import airflow_provider_raybatch.pipeline, airflow_provider_raybatch.triggers.ray_job, airflow_provider_raybatch.links.ray
 for path in {sorted(str(p) for p in (REPO / "dags").glob("*.py"))!r}:
     spec = importlib.util.spec_from_file_location("dag_module", path)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
@@ -45,3 +45,24 @@ print(sorted(m for m in ("ray", "torch", "transformers", "vllm") if m in sys.mod
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_ray_connection_form_declares_its_fields_and_secrets():
+    from airflow.providers_manager import ProvidersManager
+
+    manager = ProvidersManager()
+    widgets = manager.connection_form_widgets
+    fields = {name.removeprefix("extra__ray__"): w for name, w in widgets.items() if name.startswith("extra__ray__")}
+    assert set(fields) == {
+        "verify",
+        "headers",
+        "cookies",
+        "runtime_env",
+        "entrypoint_num_cpus",
+        "entrypoint_num_gpus",
+        "entrypoint_memory",
+        "namespace",
+    }
+    assert {name for name, w in fields.items() if w.is_sensitive} == {"headers", "cookies"}
+    behaviour = manager.field_behaviours["ray"]
+    assert behaviour["relabeling"] == {"host": "Ray dashboard address", "password": "Ray auth token"}

@@ -1,20 +1,26 @@
-"""The ``ray`` connection: where a pipeline runs."""
+"""The ``ray`` connection: run on an embedded local Ray, or on a cluster through its Jobs API."""
 
 from __future__ import annotations
 
+import json
+from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
+
+from airflow_provider_raybatch.hooks.jobs_client import RayClusterSettings, RayJobsClient, RayJobsError, run_sync
 
 
 class RayHook(BaseHook):
-    """Resolves a ``ray`` connection to the Ray a pipeline should use.
+    """Resolves a ``ray`` connection to where a pipeline runs.
 
-    With no connection of that id (or ``ray_conn_id=None``), pipelines run on an embedded local
-    Ray started inside the task process and shut down when the task ends: everything works on a
-    laptop with no cluster. A connection whose host is set points at a Ray cluster address
-    (``ray://host:10001`` for Ray Client, or ``host:6379`` for a node of the cluster).
+    With no connection of that id, a connection without a host, or ``ray_conn_id=None``,
+    pipelines run on an embedded local Ray started inside the task and shut down when it ends:
+    everything works on a laptop. Otherwise the host is a Ray cluster's dashboard / Jobs API
+    address (``http(s)://head:8265``) and pipelines run there as Ray Jobs. The password, if set,
+    is the cluster's auth token (sent as ``Authorization: Bearer``); the extras are declared in
+    ``get_provider_info`` (``conn-fields``).
 
     :param ray_conn_id: the ``ray`` connection to use; None for the embedded local Ray.
     """
@@ -28,9 +34,9 @@ class RayHook(BaseHook):
         super().__init__(**kwargs)
         self.ray_conn_id = ray_conn_id
 
-    @property
-    def ray_address(self) -> str | None:
-        """The cluster address, or None for the embedded local Ray."""
+    @cached_property
+    def cluster(self) -> RayClusterSettings | None:
+        """The cluster's settings, or None for the embedded local Ray."""
         if self.ray_conn_id is None:
             return None
         try:
@@ -38,9 +44,91 @@ class RayHook(BaseHook):
         except AirflowNotFoundException:
             self.log.info("No connection %r: using an embedded local Ray", self.ray_conn_id)
             return None
-        if not conn.host:
-            return None
-        return f"{conn.host}:{conn.port}" if conn.port and ":" not in conn.host.split("//")[-1] else conn.host
+        return cluster_settings(conn)
 
-    def get_conn(self) -> str | None:
-        return self.ray_address
+    async def acluster(self) -> RayClusterSettings | None:
+        """:attr:`cluster`, for async code (triggers)."""
+        if self.ray_conn_id is None:
+            return None
+        return cluster_settings(await self.aget_connection(self.ray_conn_id))
+
+    def get_conn(self) -> RayJobsClient:
+        if self.cluster is None:
+            raise AirflowException(f"connection {self.ray_conn_id!r} names no Ray cluster (no host)")
+        return RayJobsClient(self.cluster)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Reach the cluster and report its Ray version and resources (the UI's Test button)."""
+        try:
+            client = self.get_conn()
+            version, nodes = run_sync(_describe(client))
+        except (AirflowException, RayJobsError, ValueError) as e:
+            return False, str(e)
+        totals: dict[str, float] = {}
+        for node in nodes:
+            for key in ("CPU", "GPU"):
+                totals[key] = totals.get(key, 0) + node.get("resources_total", {}).get(key, 0)
+        return True, (
+            f"Ray {version} at {client.address}: {len(nodes)} node(s), "
+            f"{totals.get('CPU', 0):g} CPUs, {totals.get('GPU', 0):g} GPUs"
+        )
+
+
+async def _describe(client: RayJobsClient) -> tuple[str, list[dict[str, Any]]]:
+    return await client.version(), await client.nodes()
+
+
+def cluster_settings(conn: Any) -> RayClusterSettings | None:
+    """Settings from a ``ray`` connection; None when it has no host (embedded local Ray)."""
+    if not conn.host:
+        return None
+    address = conn.host.rstrip("/")
+    if "://" not in address:
+        address = f"http://{address}"
+    scheme, _, rest = address.partition("://")
+    if scheme not in ("http", "https"):
+        raise ValueError(
+            f"connection {conn.conn_id!r}: host {conn.host!r} must be the Ray dashboard / Jobs API address "
+            "http(s)://host:8265, not a Ray Client or GCS address"
+        )
+    if conn.port and ":" not in rest:
+        address = f"{address}:{conn.port}"
+    extra = conn.extra_dejson
+    headers = {str(k): str(v) for k, v in _json_field(conn, extra, "headers").items()}
+    if conn.password and not any(k.lower() == "authorization" for k in headers):
+        headers["Authorization"] = f"Bearer {conn.password}"
+    verify = extra.get("verify", True)
+    return RayClusterSettings(
+        address=address,
+        verify=verify.strip().lower() not in ("false", "0", "no") if isinstance(verify, str) else bool(verify),
+        headers=headers,
+        cookies={str(k): str(v) for k, v in _json_field(conn, extra, "cookies").items()},
+        runtime_env=_json_field(conn, extra, "runtime_env"),
+        entrypoint_num_cpus=_number(conn, extra, "entrypoint_num_cpus", float),
+        entrypoint_num_gpus=_number(conn, extra, "entrypoint_num_gpus", float),
+        entrypoint_memory=_number(conn, extra, "entrypoint_memory", int),
+        namespace=extra.get("namespace") or None,
+    )
+
+
+def _json_field(conn: Any, extra: dict[str, Any], name: str) -> dict[str, Any]:
+    value = extra.get(name) or {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            # The value may be secret (headers, cookies): name the field, never echo the value.
+            raise ValueError(f"connection {conn.conn_id!r}: extra {name!r} is not valid JSON ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"connection {conn.conn_id!r}: extra {name!r} must be a JSON object")
+    return value
+
+
+def _number(conn: Any, extra: dict[str, Any], name: str, kind: type) -> Any:
+    value = extra.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"connection {conn.conn_id!r}: extra {name!r} must be a number, got {value!r}") from None

@@ -36,6 +36,8 @@ class RayBatchInferenceOperator(RayPipelineOperator):
     :param num_gpus: GPUs per replica.
     :param memory: bytes of memory per replica.
     :param accelerator_type: Ray accelerator type per replica, e.g. ``"A10G"``.
+    :param ray_resources: custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``
+        (``resources`` of ``map_batches``; Airflow's ``resources`` argument is another thing).
     :param batch_format: what the predictor receives: ``"numpy"`` (default), ``"pandas"``, ``"pyarrow"``.
     """
 
@@ -55,6 +57,7 @@ class RayBatchInferenceOperator(RayPipelineOperator):
         num_gpus: float = 0,
         memory: int | None = None,
         accelerator_type: str | None = None,
+        ray_resources: dict[str, float] | None = None,
         batch_format: str = "numpy",
         **kwargs: Any,
     ) -> None:
@@ -70,6 +73,7 @@ class RayBatchInferenceOperator(RayPipelineOperator):
         self.num_gpus = num_gpus
         self.memory = memory
         self.accelerator_type = accelerator_type
+        self.ray_resources = ray_resources
         self.batch_format = batch_format
 
     def build_stages(self, context: Context) -> list[Stage]:
@@ -85,6 +89,7 @@ class RayBatchInferenceOperator(RayPipelineOperator):
                 num_gpus=self.num_gpus,
                 memory=self.memory,
                 accelerator_type=self.accelerator_type,
+                resources=self.ray_resources,
                 batch_format=self.batch_format,
             )
         ]

@@ -1,20 +1,43 @@
-"""What every operator of this provider shares: build a pipeline config, run it on Ray."""
+"""What every operator of this provider shares: build a pipeline config, run it on Ray.
+
+With no cluster configured the pipeline runs in the task on an embedded local Ray. With a
+cluster it runs as a Ray Job whose submission id is derived from the task instance, so any try
+of the task finds the job an earlier try submitted, even one that died right after submitting.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+import time
 from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook, BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.configuration import conf
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
+from airflow_provider_raybatch.hooks.jobs_client import (
+    ACTIVE,
+    JobAlreadyExists,
+    RayClusterSettings,
+    RayJobsClient,
+    RayJobsError,
+    run_sync,
+    wait_for_job,
+)
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+#: task_state_store key: the attempt number of the task's current Ray job (kept across tries).
+JOB_ATTEMPT_KEY = "ray_job_attempt"
 
 
 class RayPipelineOperator(BaseOperator):
@@ -34,10 +57,14 @@ class RayPipelineOperator(BaseOperator):
         afresh once per DAG run (a retry of the same run resumes) (templated).
     :param ray_conn_id: the ``ray`` connection; no such connection (or None): embedded local Ray.
     :param aws_conn_id: an Airflow AWS connection whose credentials (and ``endpoint_url``,
-        ``region_name`` extras) are used for ``s3://`` paths; None: the environment's.
+        ``region_name`` extras) are used for ``s3://`` paths by the task; None: the environment's.
+        A job on a cluster never receives them: it uses the cluster's environment.
+    :param deferrable: on a cluster, wait for the job in the triggerer instead of a worker slot.
+    :param poll_interval: seconds between job status checks on a cluster.
     """
 
     template_fields: Sequence[str] = ("input_path", "output_path", "columns", "keep_columns", "mode")
+    operator_extra_links = (RayJobLink(),)
 
     def __init__(
         self,
@@ -51,6 +78,8 @@ class RayPipelineOperator(BaseOperator):
         mode: str = "resume",
         ray_conn_id: str | None = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 5.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -63,6 +92,9 @@ class RayPipelineOperator(BaseOperator):
         self.mode = mode
         self.ray_conn_id = ray_conn_id
         self.aws_conn_id = aws_conn_id
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.submission_id: str | None = None
 
     @cached_property
     def hook(self) -> RayHook:
@@ -88,15 +120,157 @@ class RayPipelineOperator(BaseOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any]:
+        config = self.build_config(context)
+        try:
+            cluster = self.hook.cluster
+        except ValueError as e:
+            raise AirflowFailException(str(e)) from e
+        if cluster is None:
+            return self._run_embedded(config)
+        return self._run_on_cluster(context, config, cluster)
+
+    def _run_embedded(self, config: BatchInferenceConfig) -> dict[str, Any]:
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 
         try:
-            summary = run_batch_inference(self.build_config(context), ray_address=self.hook.ray_address)
+            summary = run_batch_inference(config)
         except (ConfigError, InputError) as e:
             # Bad settings or input: a retry would fail the same way, so fail without retrying.
             raise AirflowFailException(str(e)) from e
         self.log.info("Batch inference summary: %s", summary)
         return summary
+
+    def _run_on_cluster(self, context: Context, config: BatchInferenceConfig, cluster: RayClusterSettings) -> Any:
+        try:
+            config.validate()
+            config.to_spec()
+        except ConfigError as e:
+            raise AirflowFailException(str(e)) from e
+        client = RayJobsClient(cluster)
+        try:
+            info = run_sync(self._find_or_submit(context, client, config))
+        except RayJobsError as e:
+            raise AirflowException(str(e)) from e
+        context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=cluster.job_url(self.submission_id))
+        if info is None or info.status in ACTIVE:
+            deadline = self._deadline(context)
+            if self.deferrable:
+                from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
+
+                self.defer(
+                    trigger=RayJobTrigger(
+                        ray_conn_id=self.ray_conn_id,
+                        submission_id=self.submission_id,
+                        poll_interval=self.poll_interval,
+                        deadline=deadline,
+                    ),
+                    method_name="execute_complete",
+                )
+            try:
+                info = run_sync(
+                    wait_for_job(
+                        client,
+                        self.submission_id,
+                        poll_interval=self.poll_interval,
+                        deadline=deadline,
+                        log_line=lambda line: self.log.info("[ray job] %s", line),
+                    )
+                )
+            except RayJobsError as e:
+                raise AirflowException(str(e)) from e
+        return self._job_result(context, info.status, info.message, info.driver_exit_code)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume after the trigger fired: the job ended, timed out, or could not be followed."""
+        self.submission_id = event["submission_id"]
+        if event["status"] == "TIMEOUT":
+            raise AirflowTaskTimeout(f"{event['message']}; the job was stopped")
+        if event["status"] == "ERROR":
+            raise AirflowException(event["message"])
+        return self._job_result(context, event["status"], event.get("message", ""), event.get("driver_exit_code"))
+
+    def on_kill(self) -> None:
+        """The task was killed or marked failed: stop its Ray job (stop, not delete: its log stays)."""
+        cluster = self.hook.cluster if self.submission_id else None
+        if cluster is not None and run_sync(RayJobsClient(cluster).stop(self.submission_id)):
+            self.log.info("Stopped Ray job %s", self.submission_id)
+
+    async def _find_or_submit(self, context: Context, client: RayJobsClient, config: BatchInferenceConfig) -> Any:
+        """Find this task's live or finished job, or submit the next one; returns its info (None if new).
+
+        Ids form a chain ``<prefix>-0, -1, ...``; a new id is used only after the previous job
+        ended without success. The attempt reached is kept in the task state store; walking the
+        chain from it finds a job whose submission was not recorded (the worker died in between).
+        """
+        from airflow_provider_raybatch.pipeline.job import entrypoint
+
+        ti = context["ti"]
+        store = context.get("task_state_store")
+        attempt = int((store.get(JOB_ATTEMPT_KEY) if store is not None else None) or 0)
+        prefix = submission_id_prefix(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+        while True:
+            self.submission_id = f"{prefix}-{attempt}"
+            info = await client.get_job(self.submission_id)
+            if info is None:
+                if store is not None:
+                    store.set(JOB_ATTEMPT_KEY, attempt)
+                metadata = {
+                    "airflow_dag_id": ti.dag_id,
+                    "airflow_run_id": ti.run_id,
+                    "airflow_task_id": ti.task_id,
+                    "airflow_map_index": str(ti.map_index),
+                }
+                try:
+                    await client.submit(
+                        self.submission_id,
+                        entrypoint(config, self.submission_id, client.settings.namespace),
+                        metadata,
+                    )
+                except JobAlreadyExists:
+                    continue  # submitted meanwhile by another process of this task: look again
+                self.log.info("Submitted Ray job %s to %s", self.submission_id, client.address)
+                return None
+            if info.status in ACTIVE:
+                self.log.info("Reattaching to Ray job %s (%s)", self.submission_id, info.status)
+                return info
+            if info.status == "SUCCEEDED":
+                self.log.info("Ray job %s already succeeded: taking its result", self.submission_id)
+                return info
+            self.log.info(
+                "Ray job %s ended %s: the next job resumes from its committed ranges", self.submission_id, info.status
+            )
+            attempt += 1
+
+    def _deadline(self, context: Context) -> float | None:
+        """The try's absolute deadline (Unix time) from ``execution_timeout``."""
+        if self.execution_timeout is None:
+            return None
+        started = context["ti"].start_date
+        return (started.timestamp() if started else time.time()) + self.execution_timeout.total_seconds()
+
+    def _job_result(self, context: Context, status: str, message: str, exit_code: int | None) -> dict[str, Any]:
+        from airflow_provider_raybatch.pipeline.job import ERROR_PREFIX, SETTINGS_ERROR_EXIT
+        from airflow_provider_raybatch.pipeline.runner import read_job_summary
+
+        sid = self.submission_id
+        if status == "SUCCEEDED":
+            summary = read_job_summary(self.build_config(context), sid)
+            if summary is None:
+                raise AirflowException(f"Ray job {sid} succeeded but left no summary in {self.output_path!r}")
+            summary["ray_submission_id"] = sid
+            self.log.info("Batch inference summary: %s", summary)
+            return summary
+        if status == "FAILED" and exit_code == SETTINGS_ERROR_EXIT:
+            errors = [line[len(ERROR_PREFIX) :] for line in message.splitlines() if line.startswith(ERROR_PREFIX)]
+            raise AirflowFailException(errors[-1] if errors else message)
+        raise AirflowException(f"Ray job {sid} ended {status}: {message}")
+
+
+def submission_id_prefix(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
+    """Readable and unique per task instance: the same for every try of it."""
+    digest = hashlib.sha256(json.dumps([dag_id, run_id, task_id, map_index]).encode()).hexdigest()[:16]
+    readable = re.sub(r"[^A-Za-z0-9_.]+", "-", f"{dag_id}.{task_id}")[:80]
+    return f"raybatch-{readable}-{digest}"
 
 
 def storage_options(aws_conn_id: str | None) -> dict[str, Any]:

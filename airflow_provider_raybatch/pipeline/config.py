@@ -33,6 +33,8 @@ class Stage:
     :param num_gpus: GPUs reserved per replica.
     :param memory: bytes of memory reserved per replica.
     :param accelerator_type: Ray accelerator type to schedule on, e.g. ``"A10G"``.
+    :param resources: custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``: the
+        replicas run only on nodes that offer them.
     :param batch_format: what the predictor receives: ``"numpy"``, ``"pandas"`` or ``"pyarrow"``.
     """
 
@@ -45,6 +47,7 @@ class Stage:
     num_gpus: float = 0
     memory: int | None = None
     accelerator_type: str | None = None
+    resources: dict[str, float] | None = None
     batch_format: Literal["numpy", "pandas", "pyarrow"] = "numpy"
 
     # Airflow renders templates inside objects that declare template_fields.

@@ -6,6 +6,7 @@ Layout of an output folder::
     _raybatch/plan.json              input fingerprint, ranges, job signature, run key
     _raybatch/commits/<range id>.json  one record per committed range: its file and row count
     _raybatch/tmp/                   files being written, published by a rename when complete
+    _raybatch/jobs/<submission id>.json  summary of a run submitted as a Ray Job
 
 A range is committed by (1) writing its file under ``_raybatch/tmp/``, (2) moving it to its
 final name, (3) writing its commit record. A crash before (3) leaves at most a file without a
@@ -53,6 +54,9 @@ class OutputLedger:
 
     def write_plan(self, plan: dict[str, Any]) -> None:
         write_json(self.fs, self.plan_path, {"version": PLAN_VERSION, **plan})
+
+    def job_summary_path(self, submission_id: str) -> str:
+        return f"{self.meta}/jobs/{submission_id}.json"
 
     def foreign_entries(self) -> list[str]:
         """Entries of the output folder that this protocol did not write."""

@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 
 
 @contextmanager
-def ray_session(address: str | None = None) -> Iterator[None]:
+def ray_session(address: str | None = None, namespace: str | None = None) -> Iterator[None]:
     """Use the Ray already initialised in this process, or start one and shut it down after.
 
     With no address, Ray starts embedded in this process (its workers are local processes).
@@ -31,10 +31,11 @@ def ray_session(address: str | None = None) -> Iterator[None]:
             include_dashboard=False,
             runtime_env={"env_vars": {"PYTHONPATH": python_path}},
             configure_logging=False,
+            namespace=namespace,
         )
     else:
         log.info("Connecting to Ray at %s", address)
-        ray.init(address=address, configure_logging=False)
+        ray.init(address=address, configure_logging=False, namespace=namespace)
     try:
         yield
     finally:

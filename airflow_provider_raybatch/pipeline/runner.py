@@ -34,7 +34,14 @@ from airflow_provider_raybatch.pipeline.stages import (
     resolve_predictor,
     split_by_range,
 )
-from airflow_provider_raybatch.pipeline.storage import is_within, resolve, same_filesystem, static_prefix
+from airflow_provider_raybatch.pipeline.storage import (
+    is_within,
+    read_json,
+    resolve,
+    same_filesystem,
+    static_prefix,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +52,14 @@ ROW_GROUP_ROWS = 65_536
 PROGRESS_INTERVAL_S = 10.0
 
 
-def run_batch_inference(config: BatchInferenceConfig, *, ray_address: str | None = None) -> dict[str, Any]:
+def run_batch_inference(
+    config: BatchInferenceConfig, *, ray_address: str | None = None, namespace: str | None = None
+) -> dict[str, Any]:
     """Run ``config`` to completion and return its summary (JSON-serialisable).
+
+    :param ray_address: None starts an embedded local Ray (unless one is running in this
+        process); ``"auto"`` joins the cluster this process runs on (a Ray Job's driver).
+    :param namespace: the Ray namespace to join.
 
     Everything that can be checked without Ray is checked first: settings, predictors, input
     files and columns, the output folder. A finished output returns at once, without Ray.
@@ -85,10 +98,23 @@ def run_batch_inference(config: BatchInferenceConfig, *, ray_address: str | None
             sum(plan.ranges[i].rows for i in pending),
             len(committed),
         )
-        with ray_session(ray_address):
+        with ray_session(ray_address, namespace):
             _check_resources(config.stages)
             _stream(config, plan, ledger, pending, keep, in_fs, progress)
     return progress.summary(config.output_path, time.monotonic() - started)
+
+
+def write_job_summary(config: BatchInferenceConfig, submission_id: str, summary: dict[str, Any]) -> None:
+    """Leave a Ray Job's summary in its output, where the task that submitted it reads it."""
+    fs, path = resolve(config.output_path, config.storage_options)
+    write_json(fs, OutputLedger(fs, path, config.output_path).job_summary_path(submission_id), summary)
+
+
+def read_job_summary(config: BatchInferenceConfig, submission_id: str) -> dict[str, Any] | None:
+    fs, path = resolve(config.output_path, config.storage_options)
+    summary_path = OutputLedger(fs, path, config.output_path).job_summary_path(submission_id)
+    fs.invalidate_cache()
+    return read_json(fs, summary_path) if fs.exists(summary_path) else None
 
 
 def _keep_columns(config: BatchInferenceConfig, plan: Plan) -> list[str]:
@@ -188,6 +214,12 @@ def _check_resources(stages: list[Stage]) -> None:
             raise ConfigError(
                 f"{where} asks for accelerator_type={stage.accelerator_type!r}, which no node of the Ray cluster has"
             )
+        missing = [name for name, amount in (stage.resources or {}).items() if amount > resources.get(name, 0)]
+        if missing:
+            raise ConfigError(
+                f"{where} asks for resources {stage.resources}, but the Ray cluster offers {missing} "
+                f"in smaller amounts or not at all"
+            )
         if stage.memory and stage.memory > resources.get("memory", 0):
             raise ConfigError(
                 f"{where} asks for memory={stage.memory} bytes per replica, more than the Ray cluster has"
@@ -237,6 +269,7 @@ def _stream(
             num_gpus=stage.num_gpus,
             memory=stage.memory,
             accelerator_type=stage.accelerator_type,
+            resources=stage.resources,
             udf_modifying_row_count=False,
         )
     writers = _RangeWriters(ledger, plan, progress)

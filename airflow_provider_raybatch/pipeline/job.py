@@ -1,0 +1,47 @@
+"""Entry point of a Ray Job: ``python -m airflow_provider_raybatch.pipeline.job '<spec JSON>'``.
+
+The spec is :meth:`BatchInferenceConfig.to_spec` plus the submission id and namespace; it holds
+no credentials: storage access comes from the cluster's environment or the job's runtime_env.
+The summary is written to ``<output>/_raybatch/jobs/<submission id>.json`` for the task to read.
+Exit status :data:`SETTINGS_ERROR_EXIT` means bad settings or input: retrying cannot help.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import sys
+from typing import Any
+
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
+from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError
+
+SETTINGS_ERROR_EXIT = 3
+#: Prefix of the line that carries a settings error's message out of the job's log.
+ERROR_PREFIX = "raybatch error: "
+
+
+def entrypoint(config: BatchInferenceConfig, submission_id: str, namespace: str | None) -> str:
+    spec = {"submission_id": submission_id, "namespace": namespace, "config": config.to_spec()}
+    return f"python -m airflow_provider_raybatch.pipeline.job {shlex.quote(json.dumps(spec, sort_keys=True))}"
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    spec: dict[str, Any] = json.loads(argv[0])
+    from airflow_provider_raybatch.pipeline.runner import run_batch_inference, write_job_summary
+
+    try:
+        config = BatchInferenceConfig.from_spec(spec["config"])
+        summary = run_batch_inference(config, ray_address="auto", namespace=spec.get("namespace"))
+    except (ConfigError, InputError) as e:
+        print(f"{ERROR_PREFIX}{e}", file=sys.stderr, flush=True)
+        return SETTINGS_ERROR_EXIT
+    write_job_summary(config, spec["submission_id"], summary)
+    logging.getLogger(__name__).info("Batch inference summary: %s", summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,89 @@
+"""Waits for a Ray Job in the triggerer, streaming its log into the task log."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_raybatch.hooks.jobs_client import (
+    JobDeadlineExceeded,
+    RayJobsClient,
+    RayJobsError,
+    wait_for_job,
+)
+from airflow_provider_raybatch.hooks.ray import RayHook
+
+
+class RayJobTrigger(BaseTrigger):
+    """Fires once the Ray job ends, with its status; never blocks the triggerer's event loop.
+
+    :param ray_conn_id: the ``ray`` connection of the cluster (read again in the triggerer, so
+        no secret is stored with the trigger).
+    :param submission_id: the job to wait for.
+    :param poll_interval: seconds between status checks.
+    :param deadline: Unix time at which the job is stopped and the task times out (the task's
+        ``execution_timeout`` counted from the start of its try). Absolute, so a trigger moved to
+        another triggerer keeps the same deadline.
+    """
+
+    def __init__(
+        self,
+        *,
+        ray_conn_id: str,
+        submission_id: str,
+        poll_interval: float = 5.0,
+        deadline: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.ray_conn_id = ray_conn_id
+        self.submission_id = submission_id
+        self.poll_interval = poll_interval
+        self.deadline = deadline
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "ray_conn_id": self.ray_conn_id,
+                "submission_id": self.submission_id,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
+            },
+        )
+
+    async def _client(self) -> RayJobsClient:
+        settings = await RayHook(self.ray_conn_id).acluster()
+        if settings is None:
+            raise RayJobsError(f"connection {self.ray_conn_id!r} names no Ray cluster any more")
+        return RayJobsClient(settings)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        event: dict[str, Any] = {"submission_id": self.submission_id}
+        try:
+            client = await self._client()
+            info = await wait_for_job(
+                client,
+                self.submission_id,
+                poll_interval=self.poll_interval,
+                deadline=self.deadline,
+                log_line=lambda line: self.log.info("[ray job] %s", line),
+            )
+            event.update(status=info.status, message=info.message, driver_exit_code=info.driver_exit_code)
+        except JobDeadlineExceeded as e:
+            await client.stop(self.submission_id)
+            event.update(status="TIMEOUT", message=str(e))
+        except RayJobsError as e:
+            event.update(status="ERROR", message=str(e))
+        yield TriggerEvent(event)
+
+    async def on_kill(self) -> None:
+        """The task was marked failed, cleared or killed while deferred: stop the job.
+
+        (``cleanup()`` is left alone on purpose: it also runs when a trigger moves to another
+        triggerer, and the job must survive that.)
+        """
+        client = await self._client()
+        if await client.stop(self.submission_id):
+            self.log.info("Stopped Ray job %s", self.submission_id)

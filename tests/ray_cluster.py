@@ -1,0 +1,119 @@
+"""A real Ray cluster on loopback for the tests: `ray start --head` (with the dashboard and token
+auth) and, on demand, a second `ray start --address` node. Stopped by the pids of its processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.conftest import REPO, free_port
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+@dataclass
+class LocalRayCluster:
+    temp_dir: str
+    token: str
+    gcs_port: int
+    dashboard_port: int
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN=self.token,
+            # Job entrypoints run `python`: this venv's, as a cluster image would provide.
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+            RAY_USAGE_STATS_ENABLED="0",
+        )
+        env.pop("RAY_ADDRESS", None)
+        return env
+
+    def start_node(self, *, head: bool, num_cpus: int, resources: dict[str, float] | None = None) -> None:
+        ports = [free_port() for _ in range(6)]
+        command = [
+            RAY,
+            "start",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={num_cpus}",
+            f"--node-manager-port={ports[0]}",
+            f"--object-manager-port={ports[1]}",
+            f"--dashboard-agent-listen-port={ports[2]}",
+            f"--dashboard-agent-grpc-port={ports[3]}",
+            f"--metrics-export-port={ports[4]}",
+            f"--runtime-env-agent-port={ports[5]}",
+            "--disable-usage-stats",
+        ]
+        if resources:
+            command.append(f"--resources={json.dumps(resources)}")
+        if head:
+            command += [
+                "--head",
+                f"--port={self.gcs_port}",
+                f"--temp-dir={self.temp_dir}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={self.dashboard_port}",
+                f"--ray-client-server-port={free_port()}",
+            ]
+        else:
+            command.append(f"--address=127.0.0.1:{self.gcs_port}")
+        subprocess.run(command, env=self.env(), check=True, capture_output=True, timeout=180)
+        self.nodes.append("head" if head else "worker")
+
+    def pids(self) -> list[int]:
+        """Every process of this cluster: their command lines carry its temp dir."""
+        out = subprocess.run(["pgrep", "-f", self.temp_dir], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split() if int(p) != os.getpid()]
+
+    def stop(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + 10
+            while self.pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+
+def start_cluster(num_cpus: int = 2) -> LocalRayCluster:
+    # Short: Ray's socket paths under the temp dir must stay below the OS limit.
+    cluster = LocalRayCluster(
+        temp_dir=tempfile.mkdtemp(prefix="rbc-", dir="/tmp"),
+        token=secrets.token_hex(16),
+        gcs_port=free_port(),
+        dashboard_port=free_port(),
+    )
+    try:
+        cluster.start_node(head=True, num_cpus=num_cpus)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def connection(cluster: LocalRayCluster, **extra) -> str:
+    """An AIRFLOW_CONN_* value for the cluster: jobs import this checkout (runtime_env PYTHONPATH)."""
+    return json.dumps(
+        {
+            "conn_type": "ray",
+            "host": cluster.dashboard,
+            "password": cluster.token,
+            "extra": {"runtime_env": {"env_vars": {"PYTHONPATH": str(REPO)}}, **extra},
+        }
+    )
