@@ -153,7 +153,6 @@ class RayPipelineOperator(BaseOperator):
             raise AirflowException(str(e)) from e
         context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=cluster.job_url(self.submission_id))
         if info is None or info.status in ACTIVE:
-            deadline = self._deadline(context)
             if self.deferrable:
                 from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
 
@@ -162,17 +161,18 @@ class RayPipelineOperator(BaseOperator):
                         ray_conn_id=self.ray_conn_id,
                         submission_id=self.submission_id,
                         poll_interval=self.poll_interval,
-                        deadline=deadline,
+                        deadline=self._deadline(context),
                     ),
                     method_name="execute_complete",
                 )
+            # In the worker, Airflow's own execution_timeout interrupts this wait and calls on_kill.
             try:
                 info = run_sync(
                     wait_for_job(
                         client,
                         self.submission_id,
                         poll_interval=self.poll_interval,
-                        deadline=deadline,
+                        deadline=None,
                         log_line=lambda line: self.log.info("[ray job] %s", line),
                     )
                 )
@@ -242,7 +242,10 @@ class RayPipelineOperator(BaseOperator):
             attempt += 1
 
     def _deadline(self, context: Context) -> float | None:
-        """The try's absolute deadline (Unix time) from ``execution_timeout``."""
+        """The try's absolute deadline (Unix time), from ``execution_timeout``.
+
+        For the trigger: Airflow 3.3 does not apply ``execution_timeout`` to a deferred task.
+        """
         if self.execution_timeout is None:
             return None
         started = context["ti"].start_date
