@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from functools import cached_property
 from typing import Any
@@ -10,6 +11,9 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
 from airflow_provider_raybatch.hooks.jobs_client import RayClusterSettings, RayJobsClient, RayJobsError, run_sync
+
+#: Seconds the connection form's Test button waits for the cluster.
+TEST_TIMEOUT_S = 5.0
 
 
 class RayHook(BaseHook):
@@ -60,7 +64,8 @@ class RayHook(BaseHook):
     def test_connection(self) -> tuple[bool, str]:
         """Reach the cluster and report its Ray version and resources (the UI's Test button)."""
         try:
-            client = self.get_conn()
+            # The UI waits on this answer: a shorter timeout than the jobs' calls.
+            client = RayJobsClient(dataclasses.replace(self.get_conn().settings, timeout_s=TEST_TIMEOUT_S))
             version, nodes = run_sync(_describe(client))
         except (AirflowException, RayJobsError, ValueError) as e:
             return False, str(e)
