@@ -43,4 +43,4 @@ def digits_accuracy_report():
     report()
 
 
-digits_accuracy_report()
+report_dag = digits_accuracy_report()
