@@ -6,6 +6,8 @@
 2. A backfill of three dates: three isolated, complete outputs; a cleared date reruns alone.
 3. Bad Params are refused at trigger time naming the parameter; a bad path that passes the
    schema fails the task at once, without retries.
+4. The mapped example DAG: one task instance per partition (pool of 2 slots), one output
+   written once, one asset event for the run.
 
 Cron scheduling is off (``use_job_schedule=False``) so that only the runs the test creates
 exist. Every process started here is stopped at the end, including any Ray left by a
@@ -312,3 +314,37 @@ def test_a_missing_input_fails_the_task_at_once_without_retries(airflow):
     assert run["state"] == "failed" and ti["state"] == "failed" and ti["try_number"] == 1  # retries=2, not used
     assert f"input path '{airflow.data}/input/2026-11-07/' does not exist" in airflow.task_log("e2e_missing", 1)
     assert not (airflow.data / "output" / "2026-11-07").exists()
+
+
+def test_mapped_partitions_on_the_scheduler_write_the_output_once(airflow):
+    dag_id = "partitioned_batch_inference"
+    rows = digits.write_input(airflow.data / "input" / "2026-11-08")  # 597 rows: 6 ranges of 100
+    airflow.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+    airflow.call(
+        "POST",
+        f"/dags/{dag_id}/dagRuns",
+        json={
+            "dag_run_id": "e2e_mapped",
+            "logical_date": "2026-11-08T00:00:00Z",
+            "conf": {"data_root": str(airflow.data)},
+        },
+    )
+    run = airflow.wait_for_run("e2e_mapped", dag_id=dag_id)
+    assert run["state"] == "success", airflow.logs()
+    mapped = airflow.call(
+        "GET", f"/dags/{dag_id}/dagRuns/e2e_mapped/taskInstances", params={"task_id": "predict_partition"}
+    )
+    instances = sorted(mapped.json()["task_instances"], key=lambda ti: ti["map_index"])
+    assert [(ti["map_index"], ti["rendered_map_index"], ti["state"]) for ti in instances] == [
+        (i, f"partition {i}", "success") for i in range(3)
+    ]
+    output = airflow.data / "output-partitioned" / "2026-11-08"
+    assert_exactly_once(read_output(output), range(rows))
+    assert len(list(output.glob("part-*.parquet"))) == 6
+    scored, accuracy = digits.accuracy(str(output))
+    assert scored == rows and accuracy > 0.85
+    # One asset event for the whole mapped run, from the task after the partitions.
+    events = airflow.call("GET", "/assets/events", params={"source_dag_id": dag_id}).json()["asset_events"]
+    assert [(e["source_task_id"], e["extra"]["rows_out"], e["extra"]["partitions"]) for e in events] == [
+        ("publish", rows, 3)
+    ]
