@@ -53,7 +53,8 @@ class RayPipelineOperator(BaseOperator):
         (a list, for ``.expand(partition=...)``) instead of running. Use the same other arguments
         as the mapped task.
     :param partition: one item of a planning task's result: process only its ranges. Set by
-        dynamic task mapping: ``.partial(...).expand(partition=plan.output)``.
+        dynamic task mapping: ``.partial(...).expand(partition=plan.output)``. Such a task never
+        resets the output (``mode`` is applied by the planning task) and touches only its ranges.
     """
 
     template_fields: Sequence[str] = ("input_path", "output_path", "columns", "keep_columns", "mode", "max_rows")

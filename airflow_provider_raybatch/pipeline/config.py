@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -73,8 +74,8 @@ class Stage:
         elif not _is_int(self.concurrency) or self.concurrency < 1:
             raise ConfigError(f"{where}: concurrency must be an int >= 1 or (min, max), got {self.concurrency!r}")
         if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
-            raise ConfigError(f"{where}: batch_size must be >= 1 or None, got {self.batch_size!r}")
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (self.num_cpus, self.num_gpus)):
+            raise ConfigError(f"{where}: batch_size must be an integer >= 1 or None, got {self.batch_size!r}")
+        if not (_is_number(self.num_cpus) and _is_number(self.num_gpus)):
             raise ConfigError(
                 f"{where}: num_cpus and num_gpus must be numbers, got {self.num_cpus!r}, {self.num_gpus!r}"
             )
@@ -214,7 +215,11 @@ def import_path(obj: Any, where: str) -> str:
 
 def _is_int(value: Any) -> bool:
     # A templated value rendered as text ("8") is refused rather than compared with ints.
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _check_json(value: Any, where: str) -> None:
