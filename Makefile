@@ -21,6 +21,7 @@ $(VENV)/.installed-%: pyproject.toml constraints.txt
 demo: $(VENV)/.installed-examples
 	mkdir -p $(AIRFLOW_HOME)
 	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
+	$(VENV)/bin/airflow pools set raybatch_gpu 2 "Ray batch inference tasks at once" >> $(AIRFLOW_HOME)/migrate.log 2>&1
 	$(PY) -m airflow_provider_raybatch.examples.digits prepare --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
 	$(VENV)/bin/airflow dags test daily_batch_inference $(DEMO_DATE) > $(AIRFLOW_HOME)/demo-run.log 2>&1 \
 		|| (tail -n 60 $(AIRFLOW_HOME)/demo-run.log; exit 1)

@@ -41,7 +41,16 @@ class RayBatchInferenceOperator(RayPipelineOperator):
     :param batch_format: what the predictor receives: ``"numpy"`` (default), ``"pandas"``, ``"pyarrow"``.
     """
 
-    template_fields: Sequence[str] = (*RayPipelineOperator.template_fields, "predictor_kwargs", "stages")
+    # Resources are templated so that a DAG's Params can set them (with render_template_as_native_obj=True).
+    template_fields: Sequence[str] = (
+        *RayPipelineOperator.template_fields,
+        "predictor_kwargs",
+        "stages",
+        "batch_size",
+        "concurrency",
+        "num_cpus",
+        "num_gpus",
+    )
     template_fields_renderers = {"predictor_kwargs": "json"}
     ui_color = "#d7ecfb"
 

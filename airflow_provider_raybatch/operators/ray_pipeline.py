@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook, BaseOperator
+from airflow.sdk import Asset, BaseHook, BaseOperator
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
@@ -30,6 +30,10 @@ from airflow_provider_raybatch.hooks.jobs_client import (
 )
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
+from airflow_provider_raybatch.operators.assets import attach_summary, resolve_asset
+from airflow_provider_raybatch.operators.lineage import operator_lineage
+from airflow_provider_raybatch.operators.params import check_paths
+from airflow_provider_raybatch.operators.partitions import run_plan_partitions
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError
 
@@ -38,6 +42,10 @@ if TYPE_CHECKING:
 
 #: task_state_store key: the attempt number of the task's current Ray job (kept across tries).
 JOB_ATTEMPT_KEY = "ray_job_attempt"
+
+
+#: ``asset`` not given: derive it from the output path.
+_DERIVED: Any = object()
 
 
 class RayPipelineOperator(BaseOperator):
@@ -61,9 +69,21 @@ class RayPipelineOperator(BaseOperator):
         A job on a cluster never receives them: it uses the cluster's environment.
     :param deferrable: on a cluster, wait for the job in the triggerer instead of a worker slot.
     :param poll_interval: seconds between job status checks on a cluster.
+    :param max_rows: a smoke run: process only the input's first ``max_rows`` rows (templated).
+        Recorded with the output, so a limited output is never resumed by a full run: give smoke
+        runs their own output path.
+    :param asset: the output's Asset, declared as an outlet; its event's ``extra`` holds the summary.
+        Default: derived from ``output_path``'s static prefix (``file:///data/preds`` for
+        ``/data/preds/{{ ds }}``), none if it has none; an ``Asset`` or URI; None: no outlet.
+    :param plan_partitions: plan the output into at most this many partitions and return them
+        (a list, for ``.expand(partition=...)``) instead of running. Use the same other arguments
+        as the mapped task. The planning reads Parquet footers from the task, also with a cluster.
+    :param partition: one item of a planning task's result: process only its ranges. Set by
+        dynamic task mapping: ``.partial(...).expand(partition=plan.output)``. Such a task never
+        resets the output (``mode`` is applied by the planning task) and touches only its ranges.
     """
 
-    template_fields: Sequence[str] = ("input_path", "output_path", "columns", "keep_columns", "mode")
+    template_fields: Sequence[str] = ("input_path", "output_path", "columns", "keep_columns", "mode", "max_rows")
     operator_extra_links = (RayJobLink(),)
 
     def __init__(
@@ -80,9 +100,22 @@ class RayPipelineOperator(BaseOperator):
         aws_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 5.0,
+        max_rows: int | None = None,
+        asset: Asset | str | None = _DERIVED,
+        plan_partitions: int | None = None,
+        partition: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.max_rows = max_rows
+        self.plan_partitions = plan_partitions
+        self.partition = partition
+        # A planning task writes no rows; the tasks of a mapped run would each emit an event for
+        # their part: by default neither declares the asset (declare it on a task after them).
+        derived_none = asset is _DERIVED and (plan_partitions is not None or partition is not None)
+        self.asset = None if derived_none else resolve_asset(asset, output_path, _DERIVED)
+        if self.asset is not None:
+            self.outlets = [*self.outlets, self.asset]
         self.input_path = input_path
         self.output_path = output_path
         self.columns = columns
@@ -105,7 +138,10 @@ class RayPipelineOperator(BaseOperator):
         raise NotImplementedError
 
     def build_config(self, context: Context) -> BatchInferenceConfig:
+        from airflow_provider_raybatch.pipeline.partitions import partition_range_ids
+
         ti = context["ti"]
+        check_paths(input_path=self.input_path, output_path=self.output_path)
         return BatchInferenceConfig(
             input_path=self.input_path,
             output_path=self.output_path,
@@ -117,28 +153,31 @@ class RayPipelineOperator(BaseOperator):
             mode=self.mode,
             run_key=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}",
             storage_options=storage_options(self.aws_conn_id),
+            max_rows=self.max_rows,
+            range_ids=None if self.partition is None else partition_range_ids(self.partition),
         )
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        config = self.build_config(context)
+    def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
+        if self.plan_partitions is not None:
+            return run_plan_partitions(self, context)
         try:
+            config = self.build_config(context)
             cluster = self.hook.cluster
-        except ValueError as e:
+        except (ConfigError, ValueError) as e:
+            # Bad settings: a retry would fail the same way, so fail without retrying.
             raise AirflowFailException(str(e)) from e
         if cluster is None:
-            return self._run_embedded(config)
+            return self._run_embedded(context, config)
         return self._run_on_cluster(context, config, cluster)
 
-    def _run_embedded(self, config: BatchInferenceConfig) -> dict[str, Any]:
+    def _run_embedded(self, context: Context, config: BatchInferenceConfig) -> dict[str, Any]:
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 
         try:
             summary = run_batch_inference(config)
         except (ConfigError, InputError) as e:
-            # Bad settings or input: a retry would fail the same way, so fail without retrying.
             raise AirflowFailException(str(e)) from e
-        self.log.info("Batch inference summary: %s", summary)
-        return summary
+        return self._done(context, summary)
 
     def _run_on_cluster(self, context: Context, config: BatchInferenceConfig, cluster: RayClusterSettings) -> Any:
         try:
@@ -261,12 +300,20 @@ class RayPipelineOperator(BaseOperator):
             if summary is None:
                 raise AirflowException(f"Ray job {sid} succeeded but left no summary in {self.output_path!r}")
             summary["ray_submission_id"] = sid
-            self.log.info("Batch inference summary: %s", summary)
-            return summary
+            return self._done(context, summary)
         if status == "FAILED" and exit_code == SETTINGS_ERROR_EXIT:
             errors = [line[len(ERROR_PREFIX) :] for line in message.splitlines() if line.startswith(ERROR_PREFIX)]
             raise AirflowFailException(errors[-1] if errors else message)
         raise AirflowException(f"Ray job {sid} ended {status}: {message}")
+
+    def _done(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
+        self.log.info("Batch inference summary: %s", summary)
+        attach_summary(context, self.asset, summary)
+        return summary
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """The input and output folders as OpenLineage datasets (None without the OpenLineage provider)."""
+        return operator_lineage(self.input_path, self.output_path)
 
 
 def submission_id_prefix(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -73,10 +74,14 @@ class Stage:
                     f"{where}: concurrency must be an int >= 1 or (min, max) with 1 <= min <= max, got {self.concurrency!r}"
                 )
             self.concurrency = (int(self.concurrency[0]), int(self.concurrency[1]))
-        elif not isinstance(self.concurrency, int) or self.concurrency < 1:
+        elif not _is_int(self.concurrency) or self.concurrency < 1:
             raise ConfigError(f"{where}: concurrency must be an int >= 1 or (min, max), got {self.concurrency!r}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ConfigError(f"{where}: batch_size must be >= 1 or None, got {self.batch_size!r}")
+        if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
+            raise ConfigError(f"{where}: batch_size must be an integer >= 1 or None, got {self.batch_size!r}")
+        if not (_is_number(self.num_cpus) and _is_number(self.num_gpus)):
+            raise ConfigError(
+                f"{where}: num_cpus and num_gpus must be numbers, got {self.num_cpus!r}, {self.num_gpus!r}"
+            )
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ConfigError(f"{where}: num_cpus and num_gpus must be >= 0")
         if self.batch_format not in BATCH_FORMATS:
@@ -126,6 +131,11 @@ class BatchInferenceConfig:
     :param mode: ``"resume"`` keeps committed ranges; ``"overwrite"`` starts the output afresh
         (once per ``run_key``: a retry of the same run resumes what that run committed).
     :param run_key: identifies the run that asked (e.g. Airflow dag/run/task ids).
+    :param max_rows: process only the input's first ``max_rows`` rows (a smoke run). Part of the
+        job signature: a limited output is never resumed or completed by an unlimited run.
+    :param range_ids: process only these ranges of an output already planned by
+        :func:`~airflow_provider_raybatch.pipeline.partitions.plan_partitions` (one partition
+        of a mapped run); None: every range.
     :param storage_options: fsspec options for both paths (credentials); never logged or saved.
     """
 
@@ -138,6 +148,8 @@ class BatchInferenceConfig:
     rows_per_range: int = 100_000
     mode: Literal["resume", "overwrite"] = "resume"
     run_key: str | None = None
+    max_rows: int | None = None
+    range_ids: list[str] | None = None
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def validate(self) -> None:
@@ -151,6 +163,10 @@ class BatchInferenceConfig:
             stage.validate()
         if self.rows_per_range < 1:
             raise ConfigError(f"rows_per_range must be >= 1, got {self.rows_per_range}")
+        if self.max_rows is not None and (not _is_int(self.max_rows) or self.max_rows < 1):
+            raise ConfigError(f"max_rows must be an integer >= 1 or None, got {self.max_rows!r}")
+        if self.range_ids is not None and (isinstance(self.range_ids, str) or not self.range_ids):
+            raise ConfigError(f"range_ids must be a non-empty list of range ids or None, got {self.range_ids!r}")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("columns", "keep_columns"):
@@ -182,6 +198,8 @@ class BatchInferenceConfig:
             "keep_columns": self.keep_columns,
             "id_column": self.id_column,
             "rows_per_range": self.rows_per_range,
+            # Absent (None) in outputs planned before max_rows existed: they compare equal.
+            "max_rows": self.max_rows,
         }
 
 
@@ -196,6 +214,15 @@ def import_path(obj: Any, where: str) -> str:
             "in a package the cluster can import, or pass its import path 'package.module:Name'"
         )
     return f"{module}:{qualname}"
+
+
+def _is_int(value: Any) -> bool:
+    # A templated value rendered as text ("8") is refused rather than compared with ints.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _check_json(value: Any, where: str) -> None:

@@ -82,8 +82,12 @@ class OutputLedger:
             crash_point("published")
         write_json(self.fs, f"{self.commits_dir}/{range_id}.json", {"range_id": range_id, "files": files, "rows": rows})
 
-    def remove_uncommitted(self, committed: dict[str, dict[str, Any]]) -> list[str]:
-        """Delete data files of ranges without a commit record, and abandoned temporary files."""
+    def remove_uncommitted(self, committed: dict[str, dict[str, Any]], range_ids: list[str] | None = None) -> list[str]:
+        """Delete data files of ranges without a commit record, and abandoned temporary files.
+
+        With ``range_ids`` (one partition of a mapped run), only files of those ranges: other
+        partitions' tasks may be writing theirs at the same time.
+        """
         keep = {name for record in committed.values() for name in record["files"]}
         stale = [
             p
@@ -92,6 +96,10 @@ class OutputLedger:
         ]
         if self.fs.isdir(self.tmp_dir):
             stale += self.fs.ls(self.tmp_dir, detail=False)
+        if range_ids is not None:
+            # part-<id>.parquet and tmp/part-<id>.<uuid>.parquet both start with "part-<id>.".
+            prefixes = tuple(f"part-{range_id}." for range_id in range_ids)
+            stale = [p for p in stale if posixpath.basename(p).startswith(prefixes)]
         for path in stale:
             self.fs.rm(path, recursive=True)
         return stale

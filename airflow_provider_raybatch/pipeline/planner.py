@@ -55,6 +55,12 @@ class Plan:
 
     @property
     def total_rows(self) -> int:
+        """Rows in the planned ranges (all input rows, unless limited or restricted to a partition)."""
+        return sum(r.rows for r in self.ranges)
+
+    @property
+    def input_rows(self) -> int:
+        """Rows in the input files, whatever the ranges cover."""
         return sum(f.rows for f in self.files)
 
     def describe(self) -> dict[str, Any]:
@@ -168,3 +174,38 @@ def input_changes(recorded: dict[str, Any], plan: Plan) -> str:
 def _short(paths: list[str], limit: int = 5) -> str:
     more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
     return ", ".join(paths[:limit]) + more
+
+
+def limit_rows(plan: Plan, max_rows: int | None) -> Plan:
+    """Keep only the ranges holding the input's first ``max_rows`` rows (a smoke run).
+
+    The last range kept is cut at ``max_rows``; its id follows from its bounds like any other, so a
+    limited plan is as deterministic as a full one (and never shares a cut range's id with it).
+    """
+    if max_rows is None or max_rows >= plan.total_rows:
+        return plan
+    ranges, rows = [], 0
+    for row_range in plan.ranges:
+        if rows >= max_rows:
+            break
+        if rows + row_range.rows > max_rows:
+            end = row_range.start + max_rows - rows
+            prefix = row_range.id.rsplit("-", 2)[0]
+            row_range = RowRange(f"{prefix}-{row_range.start}-{end}", row_range.file_index, row_range.start, end)
+        ranges.append(row_range)
+        rows += row_range.rows
+    return Plan(plan.files, ranges, plan.schema)
+
+
+def select_ranges(plan: Plan, range_ids: list[str] | None) -> Plan:
+    """The plan restricted to ``range_ids`` (a partition of a mapped run), in plan order."""
+    if range_ids is None:
+        return plan
+    wanted = set(range_ids)
+    unknown = wanted - {r.id for r in plan.ranges}
+    if unknown:
+        raise InputError(
+            f"{len(unknown)} range id(s) of the partition are not in the input's plan (e.g. {sorted(unknown)[0]}): "
+            "the partitions were planned on other input or settings; rerun the planning task"
+        )
+    return Plan(plan.files, [r for r in plan.ranges if r.id in wanted], plan.schema)

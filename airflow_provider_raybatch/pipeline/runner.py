@@ -26,7 +26,8 @@ from airflow_provider_raybatch.pipeline.errors import (
 )
 from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, plan_input
+from airflow_provider_raybatch.pipeline.partitions import open_partition
+from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
 from airflow_provider_raybatch.pipeline.stages import (
     StageWorker,
@@ -53,13 +54,20 @@ PROGRESS_INTERVAL_S = 10.0
 
 
 def run_batch_inference(
-    config: BatchInferenceConfig, *, ray_address: str | None = None, namespace: str | None = None
+    config: BatchInferenceConfig,
+    *,
+    ray_address: str | None = None,
+    namespace: str | None = None,
+    plan_only: bool = False,
 ) -> dict[str, Any]:
     """Run ``config`` to completion and return its summary (JSON-serialisable).
 
     :param ray_address: None starts an embedded local Ray (unless one is running in this
         process); ``"auto"`` joins the cluster this process runs on (a Ray Job's driver).
     :param namespace: the Ray namespace to join.
+
+    :param plan_only: stop after the output is prepared (plan recorded, ``overwrite`` applied)
+        and return the ranges instead (see :mod:`~airflow_provider_raybatch.pipeline.partitions`).
 
     Everything that can be checked without Ray is checked first: settings, predictors, input
     files and columns, the output folder. A finished output returns at once, without Ray.
@@ -80,9 +88,13 @@ def run_batch_inference(
         )
 
     plan = plan_input(in_fs, in_path, config.input_path, config.columns, config.rows_per_range)
+    plan = limit_rows(plan, config.max_rows)
     keep = _keep_columns(config, plan)
     ledger = OutputLedger(out_fs, out_path, config.output_path)
     committed = _open_output(config, plan, ledger)
+    if plan_only:
+        return {"ranges": [{"id": r.id, "rows": r.rows} for r in plan.ranges], "committed": sorted(committed)}
+    plan = select_ranges(plan, config.range_ids)
 
     pending = [i for i, r in enumerate(plan.ranges) if r.id not in committed]
     progress = _Progress(plan, committed)
@@ -137,6 +149,8 @@ def _keep_columns(config: BatchInferenceConfig, plan: Plan) -> list[str]:
 
 def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
     """Check the output folder against the plan and return its committed ranges."""
+    if config.range_ids is not None:
+        return open_partition(config, plan, ledger)
     recorded = ledger.load_plan()
     if recorded is not None:
         changes = input_changes(recorded["input"], plan)
@@ -188,7 +202,7 @@ def _commit_empty_range(
 ) -> None:
     row_range = plan.ranges[index]
     tmp = None
-    if plan.total_rows == 0 and index == 0:
+    if plan.input_rows == 0 and row_range.file_index == 0:
         # An output with no rows still gets one (empty) file so that any Parquet reader opens it.
         fields = [pa.field(ROW_ID_COLUMN, pa.int64())] if config.id_column is None else []
         schema = pa.schema(fields + [plan.schema.field(c) for c in keep])

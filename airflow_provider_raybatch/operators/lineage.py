@@ -1,0 +1,43 @@
+"""OpenLineage datasets of a run, following OpenLineage's dataset naming conventions.
+
+The OpenLineage provider is optional: it is imported only when lineage is asked for, and
+without it :func:`operator_lineage` returns None.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+from urllib.parse import urlsplit
+
+from airflow_provider_raybatch.pipeline.storage import GLOB_CHARS
+
+
+def dataset_name(path: str) -> tuple[str, str]:
+    """(namespace, name) of a path: ``("file", "/data/in")``, ``("s3://bucket", "in/2026-11-20")``.
+
+    A glob names the folder before its first wildcard; trailing slashes are dropped.
+    """
+    cut = min((path.find(c) for c in GLOB_CHARS if c in path), default=-1)
+    if cut >= 0:
+        path = path[:cut].rsplit("/", 1)[0] or "/"
+    if "://" not in path:
+        return "file", posixpath.normpath(path)
+    parts = urlsplit(path)
+    if parts.scheme in ("file", "local"):
+        return "file", posixpath.normpath(parts.path or "/")
+    scheme = "s3" if parts.scheme in ("s3", "s3a", "s3n") else parts.scheme
+    return f"{scheme}://{parts.netloc}", parts.path.strip("/") or "/"
+
+
+def operator_lineage(input_path: str, output_path: str) -> Any | None:
+    """An ``OperatorLineage`` reading ``input_path`` and writing ``output_path``; None without OpenLineage."""
+    try:
+        from airflow.providers.common.compat.openlineage.facet import Dataset
+        from airflow.providers.openlineage.extractors import OperatorLineage
+    except ImportError:
+        return None
+    return OperatorLineage(
+        inputs=[Dataset(*dataset_name(input_path))],
+        outputs=[Dataset(*dataset_name(output_path))],
+    )

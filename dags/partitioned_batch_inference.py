@@ -1,0 +1,78 @@
+"""The daily digits job as mapped tasks: one task instance per partition of the day's ranges.
+
+``plan_ranges`` checks the settings and input, records the output's plan and returns up to
+``partitions`` groups of ranges; ``predict_partition`` is mapped over them, so each group is
+its own task instance with its own retries and its own square in the grid; ``publish``
+updates the Asset once, with the partitions' summaries added up. Together the mapped tasks
+write exactly what one ``predict_digits`` task of daily_batch_inference writes.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, Asset, Param, task
+
+from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+
+DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
+PREDICTIONS = Asset(name="partitioned_digits_predictions", uri="x-raybatch://partitioned_batch_inference/predictions")
+
+with DAG(
+    dag_id="partitioned_batch_inference",
+    description="Score each day's digits with one mapped task per partition of the input",
+    doc_md=__doc__,
+    schedule="@daily",
+    start_date=datetime(2026, 11, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args={
+        "retries": 2,
+        "retry_delay": timedelta(seconds=float(os.environ.get("RAYBATCH_RETRY_DELAY_S", "30"))),
+    },
+    params={
+        "data_root": Param(
+            DEFAULT_ROOT,
+            type="string",
+            pattern=r"^(/|s3://[^/{}]+)[^{}]*$",
+            description="Absolute folder or s3:// prefix holding model/, input/<ds>/ and output-partitioned/<ds>/",
+        ),
+    },
+    tags=["raybatch", "example"],
+) as dag:
+    # The planning task and the mapped tasks take the same arguments: the plan records them.
+    common = {
+        "input_path": "{{ params.data_root }}/input/{{ ds }}/",
+        "output_path": "{{ params.data_root }}/output-partitioned/{{ ds }}/",
+        "predictor": "airflow_provider_raybatch.predictors.torch:TorchPredictor",
+        "predictor_kwargs": {
+            "model_class": "airflow_provider_raybatch.examples.digits:DigitsMLP",
+            "weights_path": "{{ params.data_root }}/model/digits.safetensors",
+            "input_column": "features",
+            "output_column": "predicted_label",
+            "argmax": True,
+        },
+        "keep_columns": ["id", "label"],
+        "id_column": "id",
+        "rows_per_range": 100,
+    }
+    plan = RayBatchInferenceOperator(task_id="plan_ranges", plan_partitions=3, **common)
+    predict = RayBatchInferenceOperator.partial(
+        task_id="predict_partition",
+        pool=os.environ.get("RAYBATCH_POOL", "raybatch_gpu"),
+        max_active_tis_per_dag=2,
+        map_index_template="partition {{ task.partition['index'] }}",
+        **common,
+    ).expand(partition=plan.output)
+
+    @task(outlets=[PREDICTIONS])
+    def publish(summaries, outlet_events=None) -> dict:
+        from airflow_provider_raybatch.operators.partitions import combine_summaries
+
+        combined = combine_summaries(summaries)
+        outlet_events[PREDICTIONS].extra.update(combined)
+        return combined
+
+    publish(predict.output)

@@ -1,0 +1,350 @@
+"""The example DAGs on a real Airflow: scheduler, DAG processor, triggerer and API server
+(LocalExecutor, SQLite, a temporary AIRFLOW_HOME) on loopback, driven through the REST API.
+
+1. A triggered run whose first try is killed part-way: Airflow's retry processes only the
+   remaining ranges and the output holds every row once.
+2. A backfill of three dates: three isolated, complete outputs; a cleared date reruns alone.
+3. Bad Params are refused at trigger time naming the parameter; a bad path that passes the
+   schema fails the task at once, without retries.
+4. The mapped example DAG: one task instance per partition (pool of 2 slots), one output
+   written once, one asset event for the run.
+
+Cron scheduling is off (``use_job_schedule=False``) so that only the runs the test creates
+exist. Every process started here is stopped at the end, including any Ray left by a
+killed task (found by its private RAY_TMPDIR).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from airflow_provider_raybatch.examples import digits
+from tests.conftest import free_port
+from tests.data import assert_exactly_once, read_output
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+REPO = Path(__file__).resolve().parents[2]
+DAG_ID = "daily_batch_inference"
+TASK_ID = "predict_digits"
+COMPONENTS = {
+    "api-server": ["api-server", "--workers", "1"],
+    "scheduler": ["scheduler"],
+    "dag-processor": ["dag-processor"],
+    "triggerer": ["triggerer"],
+}
+WAIT_S = 480  # per run: generous, other test suites may share the machine's two cores
+
+
+class Airflow:
+    """The running components and a REST client authenticated as admin (simple auth manager)."""
+
+    def __init__(self, home: Path, data: Path, port: int, env: dict[str, str]):
+        self.home, self.data, self.env = home, data, env
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v2", timeout=60)
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> None:
+        for name, args in COMPONENTS.items():
+            log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "airflow", *args],
+                env=self.env,
+                cwd=self.home,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped as a whole
+            )
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            _signal_group(process, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for process in self.processes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            _signal_group(process, signal.SIGKILL)
+            process.wait()
+        # Embedded Rays of tasks that were killed are no children of ours any more.
+        subprocess.run(["pkill", "-9", "-f", self.env["RAY_TMPDIR"]], check=False)
+        self.api.close()
+        for folder in (self.env["RAY_TMPDIR"], self.home):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    # --- REST helpers -----------------------------------------------------------------
+    def call(self, method: str, path: str, expect: int | None = 200, **kwargs: Any) -> httpx.Response:
+        response = self.api.request(method, path, **kwargs)
+        if expect is not None:
+            assert response.status_code == expect, f"{method} {path}: {response.status_code} {response.text}"
+        return response
+
+    def wait_for(self, what: str, check, timeout: float = WAIT_S, interval: float = 2.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                assert process.poll() is None, f"airflow {name} exited\n{self.logs()}"
+            try:
+                result = check()
+            except httpx.TransportError:
+                result = None
+            if result:
+                return result
+            time.sleep(interval)
+        pytest.fail(f"timed out waiting for {what}\n{self.logs()}")
+
+    def wait_for_run(self, run_id: str, dag_id: str = DAG_ID) -> dict:
+        def finished():
+            run = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}").json()
+            return run if run["state"] in ("success", "failed") else None
+
+        return self.wait_for(f"run {run_id}", finished)
+
+    def task_instance(self, run_id: str, task_id: str = TASK_ID) -> dict:
+        return self.call("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}").json()
+
+    def summary(self, run_id: str) -> dict:
+        path = f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{TASK_ID}/xcomEntries/return_value"
+        return self.call("GET", path, params={"deserialize": True}).json()["value"]
+
+    def task_log(self, run_id: str, try_number: int) -> str:
+        folder = self.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={TASK_ID}"
+        return (folder / f"attempt={try_number}.log").read_text()
+
+    def logs(self, lines: int = 40) -> str:
+        """The tails of the components' logs and of the task logs, to see why a wait failed."""
+        parts = []
+        for path in [*sorted(self.home.glob("*.log")), *sorted((self.home / "logs").rglob("attempt=*.log"))]:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"----- {path.relative_to(self.home)}\n" + "\n".join(tail))
+        return "\n".join(parts)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
+@pytest.fixture(scope="module")
+def airflow() -> Iterator[Airflow]:
+    home = Path(tempfile.mkdtemp(prefix="rb5-e2e-"))
+    data = home / "data"
+    digits.train(data / "model" / "digits.safetensors", epochs=150)
+    port = free_port()
+    ray_tmp = tempfile.mkdtemp(prefix="rbe", dir="/tmp")  # short: Ray's socket paths are length-limited
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "RAY_ADDRESS"))},
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_urlsafe(32),
+        "AIRFLOW__API__SECRET_KEY": secrets.token_urlsafe(32),
+        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "PYTHONPATH": str(REPO),  # this checkout's package and its provider entry point
+        "RAYBATCH_DEMO_ROOT": str(data),
+        "RAYBATCH_RETRY_DELAY_S": "2",
+        "RAYBATCH_TEST_CRASH": "committed:1",
+        "RAYBATCH_TEST_CRASH_ONCE": str(home / "crash-armed"),
+        "RAY_TMPDIR": ray_tmp,
+    }
+    subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], env=env, cwd=home, check=True, capture_output=True
+    )
+    instance = Airflow(home, data, port, env)
+    instance.start()
+    try:
+        instance.wait_for("the API server", lambda: instance.api.get("/monitor/health").status_code == 200)
+        instance.wait_for(
+            "the DAGs to be parsed",
+            lambda: all(instance.api.get(f"/dags/{d}").status_code == 200 for d in (DAG_ID, "digits_accuracy_report")),
+        )
+        instance.call("POST", "/pools", json={"name": "raybatch_gpu", "slots": 2, "description": "e2e"}, expect=201)
+        instance.call("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+        yield instance
+    finally:
+        instance.stop()
+
+
+def test_a_killed_first_try_is_retried_by_airflow_and_resumes(airflow):
+    rows = digits.write_input(airflow.data / "input" / "2026-11-02")  # 597 rows: 3 ranges of 200
+    (airflow.home / "crash-armed").touch()  # the next task to commit a range is SIGKILLed after it
+    airflow.call(
+        "POST",
+        f"/dags/{DAG_ID}/dagRuns",
+        json={
+            "dag_run_id": "e2e_retry",
+            "logical_date": "2026-11-02T00:00:00Z",
+            "conf": {"data_root": str(airflow.data)},
+        },
+    )
+    run = airflow.wait_for_run("e2e_retry")
+    assert run["state"] == "success", airflow.logs()
+    assert not (airflow.home / "crash-armed").exists()  # the crash fired
+    ti = airflow.task_instance("e2e_retry")
+    assert ti["try_number"] == 2 and ti["pool"] == "raybatch_gpu"
+
+    summary = airflow.summary("e2e_retry")  # the second try's
+    assert summary["ranges_total"] == 3 and summary["ranges_skipped"] == 1 and summary["ranges_done"] == 2
+    assert summary["rows_processed"] == rows - 200 and summary["rows_out"] == rows
+    assert_exactly_once(read_output(airflow.data / "output" / "2026-11-02"), range(rows))
+
+    first, second = airflow.task_log("e2e_retry", 1), airflow.task_log("e2e_retry", 2)
+    # Try 1 was killed right after committing its first range, before logging it.
+    assert "3 of 3 ranges to process (597 rows); 0 already committed" in first and "SIGKILL" in first
+    assert "2 of 3 ranges to process (397 rows); 1 already committed" in second
+    assert "Committed 3/3 ranges, 597/597 rows, " in second and "s left" in second
+    assert "\u2588" not in second  # no progress bars in task logs
+
+    # The asset event of the successful try carries its summary.
+    events = airflow.call("GET", "/assets/events", params={"source_dag_id": DAG_ID, "source_run_id": "e2e_retry"})
+    assert [e["extra"] for e in events.json()["asset_events"]] == [summary]
+
+
+def test_a_backfill_writes_each_date_once_in_its_own_folder(airflow):
+    dates = {"2026-11-03": 150, "2026-11-04": 250, "2026-11-05": 350}
+    for day, rows in dates.items():
+        digits.write_input(airflow.data / "input" / day, rows=rows)
+    backfill = airflow.call(
+        "POST",
+        "/backfills",
+        json={
+            "dag_id": DAG_ID,
+            "from_date": "2026-11-03T00:00:00Z",
+            "to_date": "2026-11-05T00:00:00Z",
+            "max_active_runs": 2,
+            "dag_run_conf": {"data_root": str(airflow.data)},
+        },
+    )
+
+    def backfill_runs():
+        runs = airflow.call("GET", f"/dags/{DAG_ID}/dagRuns", params={"run_type": "backfill"}).json()["dag_runs"]
+        done = len(runs) == 3 and all(r["state"] in ("success", "failed") for r in runs)
+        return runs if done else None
+
+    runs = airflow.wait_for("the backfill", backfill_runs)
+    assert sorted((r["logical_date"][:10], r["state"]) for r in runs) == [(d, "success") for d in dates], airflow.logs()
+    for day, rows in dates.items():
+        assert_exactly_once(read_output(airflow.data / "output" / day), range(rows))
+    # The scheduler closes the backfill once its runs are done (until then another is refused).
+    airflow.wait_for(
+        "the backfill to complete",
+        lambda: airflow.call("GET", f"/backfills/{backfill.json()['id']}").json()["completed_at"],
+    )
+    for run in runs:
+        day = run["logical_date"][:10]
+        assert airflow.summary(run["dag_run_id"])["output_path"] == f"{airflow.data}/output/{day}/"
+
+    # Clear one date (as in the UI): it reruns alone and finds its output complete.
+    run_id = next(r["dag_run_id"] for r in runs if r["logical_date"].startswith("2026-11-04"))
+    airflow.call(
+        "POST",
+        f"/dags/{DAG_ID}/clearTaskInstances",
+        json={"dag_run_id": run_id, "task_ids": [TASK_ID], "dry_run": False, "only_failed": False},
+    )
+    airflow.wait_for("the cleared task to run again", lambda: airflow.task_instance(run_id)["try_number"] > 1)
+    rerun = airflow.wait_for_run(run_id)
+    assert rerun["state"] == "success", airflow.logs()
+    summary = airflow.summary(run_id)
+    assert summary["ranges_skipped"] == summary["ranges_total"] == 2 and summary["rows_processed"] == 0
+    assert_exactly_once(read_output(airflow.data / "output" / "2026-11-04"), range(250))
+    others = [r for r in runs if r["dag_run_id"] != run_id]
+    assert all(airflow.task_instance(r["dag_run_id"])["try_number"] == 1 for r in others)
+
+
+@pytest.mark.parametrize(
+    ("conf", "param"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"data_root": "relative/folder"}, "data_root"),
+        ({"row_limit": "ten"}, "row_limit"),
+    ],
+)
+def test_invalid_params_are_refused_at_trigger_time(airflow, conf, param):
+    response = airflow.call("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": conf}, expect=400)
+    assert f"Invalid input for param {param}" in response.json()["detail"]
+    backfill = airflow.call(
+        "POST",
+        "/backfills",
+        json={
+            "dag_id": DAG_ID,
+            "from_date": "2026-11-06T00:00:00Z",
+            "to_date": "2026-11-06T00:00:00Z",
+            "dag_run_conf": conf,
+        },
+        expect=None,
+    )
+    assert backfill.status_code in (400, 422) and param in backfill.text
+
+
+def test_a_missing_input_fails_the_task_at_once_without_retries(airflow):
+    airflow.call(
+        "POST",
+        f"/dags/{DAG_ID}/dagRuns",
+        json={
+            "dag_run_id": "e2e_missing",
+            "logical_date": "2026-11-07T00:00:00Z",
+            "conf": {"data_root": str(airflow.data)},
+        },
+    )
+    run = airflow.wait_for_run("e2e_missing")
+    ti = airflow.task_instance("e2e_missing")
+    assert run["state"] == "failed" and ti["state"] == "failed" and ti["try_number"] == 1  # retries=2, not used
+    assert f"input path '{airflow.data}/input/2026-11-07/' does not exist" in airflow.task_log("e2e_missing", 1)
+    assert not (airflow.data / "output" / "2026-11-07").exists()
+
+
+def test_mapped_partitions_on_the_scheduler_write_the_output_once(airflow):
+    dag_id = "partitioned_batch_inference"
+    rows = digits.write_input(airflow.data / "input" / "2026-11-08")  # 597 rows: 6 ranges of 100
+    airflow.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+    airflow.call(
+        "POST",
+        f"/dags/{dag_id}/dagRuns",
+        json={
+            "dag_run_id": "e2e_mapped",
+            "logical_date": "2026-11-08T00:00:00Z",
+            "conf": {"data_root": str(airflow.data)},
+        },
+    )
+    run = airflow.wait_for_run("e2e_mapped", dag_id=dag_id)
+    assert run["state"] == "success", airflow.logs()
+    mapped = airflow.call(
+        "GET", f"/dags/{dag_id}/dagRuns/e2e_mapped/taskInstances", params={"task_id": "predict_partition"}
+    )
+    instances = sorted(mapped.json()["task_instances"], key=lambda ti: ti["map_index"])
+    assert [(ti["map_index"], ti["rendered_map_index"], ti["state"]) for ti in instances] == [
+        (i, f"partition {i}", "success") for i in range(3)
+    ]
+    output = airflow.data / "output-partitioned" / "2026-11-08"
+    assert_exactly_once(read_output(output), range(rows))
+    assert len(list(output.glob("part-*.parquet"))) == 6
+    scored, accuracy = digits.accuracy(str(output))
+    assert scored == rows and accuracy > 0.85
+    # One asset event for the whole mapped run, from the task after the partitions.
+    events = airflow.call("GET", "/assets/events", params={"source_dag_id": dag_id}).json()["asset_events"]
+    assert [(e["source_task_id"], e["extra"]["rows_out"], e["extra"]["partitions"]) for e in events] == [
+        ("publish", rows, 3)
+    ]

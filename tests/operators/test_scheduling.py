@@ -1,0 +1,212 @@
+"""What the operator gives Airflow's scheduling: an Asset event with the summary, lineage,
+mapped partitions equal to one task, progress in the task log, fast failures on bad paths.
+All on a real Airflow (`dag.test()`) and a real local Ray."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+from airflow.sdk import DAG, Asset, task
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_raybatch.operators.assets import default_asset
+from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+from airflow_provider_raybatch.operators.lineage import dataset_name
+from tests.conftest import REPO, run_dag
+from tests.data import assert_exactly_once, read_output, write_input
+
+LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
+ROWS = [430, 270]
+
+
+def asset_events(uri: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetEvent.extra, AssetEvent.source_task_id)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetModel.uri == uri)
+            .order_by(AssetEvent.id)
+        ).all()
+    return [{"extra": extra, "task_id": task_id} for extra, task_id in rows]
+
+
+@pytest.mark.usefixtures("ray_local", "airflow_db")
+def test_the_output_asset_event_carries_the_summary(tmp_path, caplog):
+    write_input(tmp_path / "in" / "2026-11-20", ROWS)
+    with DAG("asset_summary", schedule=None, start_date=LOGICAL_DATE) as dag:
+        operator = RayBatchInferenceOperator(
+            task_id="score",
+            predictor="tests.predictors:score",
+            input_path=str(tmp_path / "in" / "{{ ds }}"),
+            output_path=str(tmp_path / "out" / "{{ ds }}"),
+            id_column="id",
+            rows_per_range=100,
+        )
+    asset = Asset(uri=f"file://{tmp_path}/out")
+    assert operator.outlets == [asset]  # derived from the static part of output_path
+
+    with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch"):
+        run = run_dag(dag, LOGICAL_DATE)
+    summary = run.get_task_instance("score").xcom_pull(task_ids="score")
+    assert summary["output_path"] == str(tmp_path / "out" / "2026-11-20")
+    (event,) = asset_events(asset.uri)
+    assert event == {"extra": summary, "task_id": "score"}
+    # Progress lines reach the task's log: ranges, rows, rate and time left.
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Committed ")]
+    assert progress and progress[-1].startswith("Committed 8/8 ranges, 700/700 rows, ")
+    assert " rows/s, about " in progress[-1] and progress[-1].endswith("s left")
+
+
+def test_default_asset_is_the_static_part_of_the_output_path():
+    assert default_asset("/data/preds/{{ ds }}/") == Asset(uri="file:///data/preds")
+    assert default_asset("/data/preds/day={{ ds }}") == Asset(uri="file:///data/preds")
+    assert default_asset("/data/preds/") == Asset(uri="file:///data/preds")
+    assert default_asset("s3://bucket/preds/{{ ds }}/") == Asset(uri="s3://bucket/preds")
+    for no_static_part in ("{{ params.root }}/out/{{ ds }}", "s3://{{ var.value.bucket }}/x", "relative/{{ ds }}", "/"):
+        assert default_asset(no_static_part) is None
+    explicit = RayBatchInferenceOperator(
+        task_id="a", input_path="/i", output_path="/o", predictor="m:f", asset="s3://b/x"
+    )
+    assert explicit.outlets == [Asset("s3://b/x")]
+    assert (
+        RayBatchInferenceOperator(task_id="b", input_path="/i", output_path="/o", predictor="m:f", asset=None).outlets
+        == []
+    )
+    planning = RayBatchInferenceOperator(
+        task_id="c", input_path="/i", output_path="/o", predictor="m:f", plan_partitions=2
+    )
+    assert planning.outlets == []
+
+
+def test_openlineage_datasets_follow_the_naming_conventions():
+    assert dataset_name("/data/in/2026-11-20/") == ("file", "/data/in/2026-11-20")
+    assert dataset_name("file:///data/in") == ("file", "/data/in")
+    assert dataset_name("s3://bucket/in/2026-11-20/") == ("s3://bucket", "in/2026-11-20")
+    assert dataset_name("s3a://bucket/in/*.parquet") == ("s3://bucket", "in")
+    assert dataset_name("/data/in/part-*.parquet") == ("file", "/data/in")
+    assert dataset_name("gs://bucket/x") == ("gs://bucket", "x")
+
+
+def test_openlineage_facets_on_complete():
+    pytest.importorskip("airflow.providers.openlineage", reason="the OpenLineage provider is optional")
+    operator = RayBatchInferenceOperator(
+        task_id="score", input_path="s3://bucket/in/2026-11-20/", output_path="/data/out/2026-11-20/", predictor="m:f"
+    )
+    lineage = operator.get_openlineage_facets_on_complete(None)
+    assert [(d.namespace, d.name) for d in lineage.inputs] == [("s3://bucket", "in/2026-11-20")]
+    assert [(d.namespace, d.name) for d in lineage.outputs] == [("file", "/data/out/2026-11-20")]
+
+
+# What the operator would import from OpenLineage fails to import, as where it is not installed.
+BLOCK_OPENLINEAGE = """
+import sys
+
+BLOCKED = ("airflow.providers.openlineage.extractors", "openlineage.")
+
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(BLOCKED):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, Block())
+from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+
+op = RayBatchInferenceOperator(task_id="t", input_path="/i", output_path="/o", predictor="m:f")
+assert op.get_openlineage_facets_on_complete(None) is None
+assert not [m for m in sys.modules if m.startswith(BLOCKED)]
+print("ok")
+"""
+
+
+def test_the_operator_works_without_the_openlineage_provider():
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCK_OPENLINEAGE], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+@pytest.mark.usefixtures("ray_local", "airflow_db")
+def test_mapped_partitions_write_exactly_what_one_task_writes(tmp_path):
+    write_input(tmp_path / "in" / "2026-11-20", ROWS)
+    common = {
+        "predictor": "tests.predictors:score",
+        "input_path": str(tmp_path / "in" / "{{ ds }}"),
+        "id_column": "id",
+        "keep_columns": ["group"],
+        "rows_per_range": 100,
+        "mode": "overwrite",
+    }
+    mapped_out = str(tmp_path / "mapped" / "{{ ds }}")
+    with DAG("mapped_vs_unmapped", schedule=None, start_date=LOGICAL_DATE) as dag:
+        RayBatchInferenceOperator(task_id="whole", output_path=str(tmp_path / "whole" / "{{ ds }}"), **common)
+        plan = RayBatchInferenceOperator(task_id="plan", output_path=mapped_out, plan_partitions=3, **common)
+        mapped = RayBatchInferenceOperator.partial(task_id="part", output_path=mapped_out, **common).expand(
+            partition=plan.output
+        )
+
+        @task
+        def combine(summaries):
+            from airflow_provider_raybatch.operators.partitions import combine_summaries
+
+            return combine_summaries(summaries)
+
+        combine(mapped.output)
+
+    run = run_dag(dag, LOGICAL_DATE)
+    states = {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
+    assert states == {
+        ("whole", -1): "success",
+        ("plan", -1): "success",
+        **{("part", i): "success" for i in range(3)},
+        ("combine", -1): "success",
+    }
+    ti = run.get_task_instance("combine")
+    partitions = ti.xcom_pull(task_ids="plan")
+    assert [len(p["range_ids"]) for p in partitions] == [2, 3, 3]  # 5 + 3 ranges, as equal as can be
+    combined = ti.xcom_pull(task_ids="combine")
+    whole_summary = ti.xcom_pull(task_ids="whole")
+    for key in ("rows_in", "rows_out", "rows_processed", "ranges_total", "ranges_done"):
+        assert combined[key] == whole_summary[key], key
+    assert combined["partitions"] == 3
+
+    whole, parts = tmp_path / "whole" / "2026-11-20", tmp_path / "mapped" / "2026-11-20"
+    assert sorted(p.name for p in parts.glob("part-*")) == sorted(p.name for p in whole.glob("part-*"))
+    one, many = read_output(whole).sort_by("id"), read_output(parts).sort_by("id")
+    assert_exactly_once(many, range(sum(ROWS)))
+    assert many.equals(one)
+
+
+def test_a_relative_path_fails_the_task_at_once_naming_the_argument(tmp_path):
+    operator = RayBatchInferenceOperator(
+        task_id="bad", predictor="tests.predictors:score", input_path=str(tmp_path), output_path="out/x", retries=3
+    )
+    context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "bad", "map_index": -1})()}
+    with pytest.raises(AirflowFailException, match="output_path must be an absolute path or a URL"):
+        operator.execute(context)
+    operator.plan_partitions = 2
+    with pytest.raises(AirflowFailException, match="output_path must be an absolute path or a URL"):
+        operator.execute(context)
+
+
+def test_a_resource_rendered_as_text_fails_the_task_at_once_naming_it(tmp_path):
+    """Without render_template_as_native_obj, "{{ params.batch_size }}" renders as text."""
+    write_input(tmp_path / "in", [10])
+    operator = RayBatchInferenceOperator(
+        task_id="text",
+        predictor="tests.predictors:score",
+        input_path=str(tmp_path / "in"),
+        output_path=str(tmp_path / "out"),
+        batch_size="256",
+    )
+    context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "text", "map_index": -1})()}
+    with pytest.raises(AirflowFailException, match="batch_size must be an integer >= 1 or None, got '256'"):
+        operator.execute(context)
+    assert not (tmp_path / "out").exists()
