@@ -34,6 +34,14 @@ class Stage:
     :param memory: bytes of memory reserved per replica.
     :param accelerator_type: Ray accelerator type to schedule on, e.g. ``"A10G"``.
     :param batch_format: what the predictor receives: ``"numpy"``, ``"pandas"`` or ``"pyarrow"``.
+    :param transform: the predictor is not a batch UDF but a factory ``fn(stage)`` called once on
+        the driver that returns a dataset transform ``ds -> ds`` (a ``ray.data.llm`` processor, say),
+        applied as it is. A transform must carry the columns whose names start with
+        ``__raybatch_`` through to its output unchanged and must leave rows whose
+        ``__raybatch_reject`` is set unprocessed; the stage's resources are those its main
+        step reserves (what the resource check counts).
+    :param input_columns: input columns this stage reads; for the first stage they are checked
+        against the input before Ray starts, so a typo fails at once with the columns that exist.
     """
 
     predictor: str | Callable[..., Any] | type
@@ -46,6 +54,8 @@ class Stage:
     memory: int | None = None
     accelerator_type: str | None = None
     batch_format: Literal["numpy", "pandas", "pyarrow"] = "numpy"
+    transform: bool = False
+    input_columns: list[str] | None = None
 
     # Airflow renders templates inside objects that declare template_fields.
     template_fields = ("predictor_kwargs",)
@@ -78,6 +88,8 @@ class Stage:
             raise ConfigError(f"{where}: num_cpus and num_gpus must be >= 0")
         if self.batch_format not in BATCH_FORMATS:
             raise ConfigError(f"{where}: batch_format must be one of {BATCH_FORMATS}, got {self.batch_format!r}")
+        if self.transform and isinstance(self.predictor, type):
+            raise ConfigError(f"{where}: a transform stage takes a factory function fn(stage), not a class")
         if not isinstance(self.predictor_kwargs, dict):
             raise ConfigError(f"{where}: predictor_kwargs must be a dict, got {type(self.predictor_kwargs).__name__}")
 
@@ -86,11 +98,14 @@ class Stage:
         predictor = self.predictor
         if not isinstance(predictor, str):
             predictor = f"{getattr(predictor, '__module__', '?')}:{getattr(predictor, '__qualname__', repr(predictor))}"
-        return {
+        signature = {
             "predictor": predictor,
             "predictor_kwargs": _jsonable(self.predictor_kwargs),
             "batch_format": self.batch_format,
         }
+        if self.transform:  # only when set: outputs planned before this field existed stay resumable
+            signature["transform"] = True
+        return signature
 
     def to_spec(self) -> dict[str, Any]:
         """A JSON-serialisable form, for running on a cluster: the predictor by import path."""
@@ -124,6 +139,10 @@ class BatchInferenceConfig:
         (once per ``run_key``: a retry of the same run resumes what that run committed).
     :param run_key: identifies the run that asked (e.g. Airflow dag/run/task ids).
     :param storage_options: fsspec options for both paths (credentials); never logged or saved.
+    :param max_error_fraction: the largest share of engine errors tolerated among the rows that
+        reached a model (rows a stage rejected as ``engine_error``, over those rows plus the rows
+        written). Past it the run fails with :class:`TooManyErrorsError`. Rows rejected as invalid
+        input never reached a model and do not count.
     """
 
     input_path: str
@@ -136,6 +155,7 @@ class BatchInferenceConfig:
     mode: Literal["resume", "overwrite"] = "resume"
     run_key: str | None = None
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    max_error_fraction: float = 0.01
 
     def validate(self) -> None:
         if not self.input_path:
@@ -148,6 +168,8 @@ class BatchInferenceConfig:
             stage.validate()
         if self.rows_per_range < 1:
             raise ConfigError(f"rows_per_range must be >= 1, got {self.rows_per_range}")
+        if not 0 <= self.max_error_fraction <= 1:
+            raise ConfigError(f"max_error_fraction must be between 0 and 1, got {self.max_error_fraction!r}")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("columns", "keep_columns"):
