@@ -154,3 +154,14 @@ def test_image_stage_reads_bytes_structs_and_paths_and_rejects_the_rest(tmp_path
             assert reasons[1].startswith(f"cannot read image file '{tmp_path / 'missing.png'}'")
             assert reasons[2] == "missing image (null)"
         assert out["__raybatch_reject_kind"].to_pylist() == [None if r is None else "invalid_input" for r in reasons]
+
+
+def test_a_prompt_field_missing_from_the_input_fails_before_ray(tmp_path):
+    from airflow_provider_raybatch.examples.llm_data import write_companies
+    from airflow_provider_raybatch.pipeline import InputError
+    from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+
+    write_companies(tmp_path / "in", 10)
+    stages = build_stages(ChatTask(prompt="Industry of {Compnay}"), EngineConfig("transformers", "no-such-model"))
+    with pytest.raises(InputError, match=r"stage 'transformers' reads column\(s\) \['Compnay'\].*'Company'"):
+        run_batch_inference(BatchInferenceConfig(str(tmp_path / "in"), str(tmp_path / "out"), stages))
