@@ -74,7 +74,9 @@ class TransformersChat:
         self.generate_kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": temperature > 0}
         if temperature > 0:
             self.generate_kwargs.update(
-                temperature=temperature, top_p=float(params.get("top_p", 1.0)), top_k=int(params.get("top_k", 0))
+                temperature=temperature,
+                top_p=float(params.get("top_p", 1.0)),
+                top_k=max(int(params.get("top_k", 0)), 0),  # vLLM's -1 (no top-k) is transformers' 0
             )
         if "repetition_penalty" in params:
             self.generate_kwargs["repetition_penalty"] = float(params["repetition_penalty"])
