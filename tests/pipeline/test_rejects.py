@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 
 import pyarrow.parquet as pq
 import pytest
@@ -12,7 +11,7 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooM
 from airflow_provider_raybatch.pipeline.errors import StageError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.data import write_input
-from tests.pipeline.test_runner import commit_count, kill_leftovers, run_in_subprocess
+from tests.pipeline.test_runner import commit_count
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -87,22 +86,6 @@ def test_too_many_engine_errors_stop_the_run_early(tmp_path):
     with pytest.raises(TooManyErrorsError):
         run_batch_inference(reject_config(tmp_path, every, max_error_fraction=0.1))
     assert commit_count(tmp_path / "out") < 10
-
-
-def test_sigkill_after_publishing_output_and_rejects_resumes_exactly_once(tmp_path):
-    write_input(tmp_path / "in", [600])
-    kwargs = {"invalid_every": 9}
-    crashed = run_in_subprocess(
-        tmp_path, "tests.predictors:RejectSome", kwargs, env={"RAYBATCH_TEST_CRASH": "published:3"}
-    )
-    kill_leftovers(crashed.ray_tmp)
-    assert crashed.returncode == -signal.SIGKILL, crashed.output
-    out = tmp_path / "out"
-    assert commit_count(out) == 2 and len(list((out / "_rejects").glob("part-*"))) == 3
-    summary = run_batch_inference(reject_config(tmp_path, kwargs, rows_per_range=100))
-    assert summary["ranges_skipped"] == 2 and summary["rows_processed"] == 400
-    assert len(list((out / "_rejects").glob("part-*"))) == 6
-    assert_once_across(out, range(600))
 
 
 def test_a_transform_stage_keeps_internal_columns_and_skips_rejects(tmp_path):
