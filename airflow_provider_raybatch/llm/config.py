@@ -19,6 +19,7 @@ ENGINES = ("vllm", "transformers", "openai")
 PREPARED_IMAGE_COLUMN = "raybatch_image_png"
 DEFAULT_API_KEY_ENV = "RAYBATCH_OPENAI_API_KEY"
 #: Sampling parameters the transformers engine maps onto ``generate``; vLLM and OpenAI take theirs.
+RESOURCE_FIELDS = ("batch_size", "concurrency", "num_cpus", "num_gpus", "accelerator_type")
 TRANSFORMERS_SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed", "repetition_penalty")
 
 
@@ -106,15 +107,20 @@ class EngineConfig:
         return float(self.num_gpus or 0)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["concurrency"] = list(self.concurrency) if isinstance(self.concurrency, tuple) else self.concurrency
-        return data
+        """What decides the answers, for a stage's ``predictor_kwargs``: resources (batch size,
+        replicas, CPUs, GPUs) are the stage's own fields, so changing them does not make a
+        resumed output refuse the new settings."""
+        return {k: v for k, v in asdict(self).items() if k not in RESOURCE_FIELDS}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
-        config = cls(**data)
-        if isinstance(config.concurrency, list):
-            config.concurrency = (config.concurrency[0], config.concurrency[1])
+    def from_stage(cls, stage: Stage) -> EngineConfig:
+        """The engine of a stage built by :func:`build_stages`: its kwargs plus the stage's resources."""
+        config = cls(**stage.predictor_kwargs["engine"])
+        config.batch_size = stage.batch_size or config.batch_size
+        config.concurrency = stage.concurrency
+        config.num_cpus = stage.num_cpus
+        config.num_gpus = None if config.engine == "vllm" or not stage.num_gpus else stage.num_gpus
+        config.accelerator_type = stage.accelerator_type
         return config
 
 

@@ -158,7 +158,7 @@ class ChatTransform:
 
 
 def _task_engine(stage: Stage) -> tuple[ChatTask, EngineConfig]:
-    return ChatTask.from_dict(stage.predictor_kwargs["task"]), EngineConfig.from_dict(stage.predictor_kwargs["engine"])
+    return ChatTask.from_dict(stage.predictor_kwargs["task"]), EngineConfig.from_stage(stage)
 
 
 # --- vLLM -------------------------------------------------------------------------------------

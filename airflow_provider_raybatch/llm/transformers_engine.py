@@ -41,7 +41,7 @@ class TransformersChat:
         import transformers
 
         self.task = ChatTask.from_dict(task)
-        self.engine = EngineConfig.from_dict(engine)
+        self.engine = EngineConfig(**engine)
         kwargs = self.engine.engine_kwargs
         if kwargs.get("num_threads"):
             torch.set_num_threads(int(kwargs["num_threads"]))

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -17,7 +18,7 @@ from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stag
 from airflow_provider_raybatch.pipeline.errors import ConfigError, TooManyErrorsError
 
 if TYPE_CHECKING:
-    from airflow.sdk import Context
+    from airflow.sdk import Connection, Context
 
 
 class LLMBatchInferenceOperator(RayPipelineOperator):
@@ -165,8 +166,13 @@ class LLMBatchInferenceOperator(RayPipelineOperator):
                 # The errors are committed: a retry would count them again and fail the same way.
                 raise AirflowFailException(str(e)) from e
 
+    @cached_property
+    def openai_connection(self) -> Connection:
+        """The ``openai_conn_id`` connection: host = the endpoint's base URL, password = the API key."""
+        return BaseHook.get_connection(self.openai_conn_id)
+
     def _openai_base_url(self) -> str:
-        conn = BaseHook.get_connection(self.openai_conn_id)
+        conn = self.openai_connection
         if not conn.host:
             raise ConfigError(f"connection {self.openai_conn_id!r} has no host: set it to the endpoint's base URL")
         host = conn.host.rstrip("/")
@@ -189,7 +195,7 @@ class LLMBatchInferenceOperator(RayPipelineOperator):
                 )
             yield
             return
-        key = BaseHook.get_connection(self.openai_conn_id).password
+        key = self.openai_connection.password
         previous = os.environ.get(self.api_key_env)
         if key:
             os.environ[self.api_key_env] = key

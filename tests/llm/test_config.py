@@ -33,7 +33,9 @@ def test_stages_are_json_specs_without_secrets():
     again = BatchInferenceConfig.from_spec(spec)
     assert again.stages == stages
     assert ChatTask.from_dict(again.stages[1].predictor_kwargs["task"]) == task
-    assert EngineConfig.from_dict(again.stages[1].predictor_kwargs["engine"]) == engine
+    assert EngineConfig.from_stage(again.stages[1]) == engine
+    # Resources are the stage's fields, not its kwargs: scaling them keeps a resumable output's settings.
+    assert "concurrency" not in again.stages[1].predictor_kwargs["engine"] and again.stages[1].concurrency == (1, 2)
     assert again.stages[1].predictor_kwargs["engine"]["api_key_env"] == "RAYBATCH_OPENAI_API_KEY"
 
 
