@@ -11,7 +11,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export RAYBATCH_DEMO_ROOT := $(CURDIR)/.demo
 DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 
-.PHONY: demo test lint clean
+.PHONY: demo demo-llm test lint clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,19 @@ demo: $(VENV)/.installed-examples
 	@grep -o "Batch inference summary: {[^}]*}" $(AIRFLOW_HOME)/demo-run.log | tail -n 1
 	@echo "full task log: $(AIRFLOW_HOME)/demo-run.log"
 	@$(PY) -m airflow_provider_raybatch.examples.digits report --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
+
+# The LLM / VLM examples on tiny random models built offline (transformers engine, embedded Ray).
+demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
+	mkdir -p $(AIRFLOW_HOME)
+	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
+	$(PY) -m airflow_provider_raybatch.examples.llm_data prepare --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
+	for dag in vlm_caption llm_classify; do \
+		HF_HUB_OFFLINE=1 $(VENV)/bin/airflow dags test $$dag $(DEMO_DATE) > $(AIRFLOW_HOME)/demo-$$dag.log 2>&1 \
+			|| { tail -n 60 $(AIRFLOW_HOME)/demo-$$dag.log; exit 1; }; \
+		grep -o "Batch inference summary: {[^}]*}" $(AIRFLOW_HOME)/demo-$$dag.log | tail -n 1; \
+	done
+	@echo "task logs: $(AIRFLOW_HOME)/demo-vlm_caption.log, $(AIRFLOW_HOME)/demo-llm_classify.log"
+	@$(PY) -m airflow_provider_raybatch.examples.llm_data report --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
 
 # pytest exits 5 when it collects no test: not a failure of the suite itself.
 test: $(VENV)/.installed-dev

@@ -68,7 +68,11 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "Ray",
-                "python-modules": ["airflow_provider_raybatch.operators.batch_inference"],
+                "python-modules": [
+                    "airflow_provider_raybatch.operators.batch_inference",
+                    "airflow_provider_raybatch.operators.llm_batch_inference",
+                    "airflow_provider_raybatch.operators.vlm_caption",
+                ],
             }
         ],
         "connection-types": [

@@ -55,6 +55,15 @@ def ray_local():
         yield ray.cluster_resources()
 
 
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """tiny-llava and tiny-qwen2 (the demo's recipe), saved with save_pretrained, loaded through from_pretrained."""
+    os.environ["HF_HUB_OFFLINE"] = "1"  # the real loading path, with no hub to fall back on
+    from airflow_provider_raybatch.examples.tiny_models import build_all
+
+    return build_all(tmp_path_factory.mktemp("models"))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -50,11 +50,11 @@ class SumModel:
 class Scale:
     """Second model of a chain: reads the first model's output."""
 
-    def __init__(self, factor: float):
-        self.factor = factor
+    def __init__(self, factor: float, column: str = "total"):
+        self.factor, self.column = factor, column
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {"scaled": batch["total"] * self.factor}
+        return {"scaled": batch[self.column] * self.factor}
 
 
 def score(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -107,3 +107,44 @@ def node_id(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     import ray
 
     return {"node_id": np.array([ray.get_runtime_context().get_node_id()] * len(batch["id"]))}
+
+
+class RejectSome:
+    """Rejects ids divisible by ``invalid_every`` as invalid input and ids in ``error_ids`` as engine errors."""
+
+    def __init__(self, invalid_every: int = 0, error_ids: tuple[int, ...] = ()):
+        self.invalid_every, self.error_ids = invalid_every, set(error_ids)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict:
+        reasons, kinds = [], []
+        for i in batch["id"].tolist():
+            if self.invalid_every and i % self.invalid_every == 0:
+                reasons.append(f"id {i} is invalid")
+                kinds.append("invalid_input")
+            elif i in self.error_ids:
+                reasons.append(f"model failed on id {i}")
+                kinds.append("engine_error")
+            else:
+                reasons.append(None)
+                kinds.append(None)
+        return {
+            "score": batch["features"].sum(axis=1),
+            "__raybatch_reject": reasons,
+            "__raybatch_reject_kind": kinds,
+        }
+
+
+def _double(table):
+    import pyarrow.compute as pc
+
+    return table.append_column("doubled", pc.multiply(table["score"], 2))
+
+
+def doubling_transform(stage):
+    """A dataset transform (as a ray.data.llm processor is): adds ``doubled``, keeps every column."""
+    return lambda ds: ds.map_batches(_double, batch_format="pyarrow", batch_size=stage.batch_size)
+
+
+def dropping_transform(stage):
+    """A transform that forgets to carry the internal columns."""
+    return lambda ds: ds.select_columns(["score"])

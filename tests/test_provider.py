@@ -38,10 +38,12 @@ def test_importing_the_provider_operators_and_dags_imports_no_heavy_library():
 import importlib.util, sys
 import airflow_provider_raybatch, airflow_provider_raybatch.hooks.ray, airflow_provider_raybatch.operators.batch_inference
 import airflow_provider_raybatch.pipeline, airflow_provider_raybatch.triggers.ray_job, airflow_provider_raybatch.links.ray
+import airflow_provider_raybatch.operators.llm_batch_inference, airflow_provider_raybatch.operators.vlm_caption
+import airflow_provider_raybatch.llm.config, airflow_provider_raybatch.llm.prompts
 for path in {sorted(str(p) for p in (REPO / "dags").glob("*.py"))!r}:
     spec = importlib.util.spec_from_file_location("dag_module", path)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-print(sorted(m for m in ("ray", "torch", "transformers", "vllm") if m in sys.modules))
+print(sorted(m for m in ("ray", "torch", "transformers", "vllm", "PIL") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

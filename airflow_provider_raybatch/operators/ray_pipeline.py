@@ -35,7 +35,7 @@ from airflow_provider_raybatch.operators.lineage import operator_lineage
 from airflow_provider_raybatch.operators.params import check_paths
 from airflow_provider_raybatch.operators.partitions import run_plan_partitions
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
-from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, TooManyErrorsError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -175,7 +175,8 @@ class RayPipelineOperator(BaseOperator):
 
         try:
             summary = run_batch_inference(config)
-        except (ConfigError, InputError) as e:
+        except (ConfigError, InputError, TooManyErrorsError) as e:
+            # A retry would fail the same way (engine errors, once committed, are counted again).
             raise AirflowFailException(str(e)) from e
         return self._done(context, summary)
 

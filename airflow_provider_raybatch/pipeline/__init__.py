@@ -11,6 +11,7 @@ from airflow_provider_raybatch.pipeline.errors import (
     InputError,
     RayBatchError,
     StageError,
+    TooManyErrorsError,
 )
 
 __all__ = [
@@ -21,4 +22,5 @@ __all__ = [
     "RayBatchError",
     "Stage",
     "StageError",
+    "TooManyErrorsError",
 ]

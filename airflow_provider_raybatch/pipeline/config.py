@@ -37,6 +37,14 @@ class Stage:
     :param resources: custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``: the
         replicas run only on nodes that offer them.
     :param batch_format: what the predictor receives: ``"numpy"``, ``"pandas"`` or ``"pyarrow"``.
+    :param transform: the predictor is not a batch UDF but a factory ``fn(stage)`` called once on
+        the driver that returns a dataset transform ``ds -> ds`` (a ``ray.data.llm`` processor, say),
+        applied as it is. A transform must carry the columns whose names start with
+        ``__raybatch_`` through to its output unchanged and must leave rows whose
+        ``__raybatch_reject`` is set unprocessed; the stage's resources are those its main
+        step reserves (what the resource check counts).
+    :param input_columns: input columns this stage reads; for the first stage they are checked
+        against the input before Ray starts, so a typo fails at once with the columns that exist.
     """
 
     predictor: str | Callable[..., Any] | type
@@ -50,6 +58,8 @@ class Stage:
     accelerator_type: str | None = None
     resources: dict[str, float] | None = None
     batch_format: Literal["numpy", "pandas", "pyarrow"] = "numpy"
+    transform: bool = False
+    input_columns: list[str] | None = None
 
     # Airflow renders templates inside objects that declare template_fields.
     template_fields = ("predictor_kwargs",)
@@ -86,6 +96,8 @@ class Stage:
             raise ConfigError(f"{where}: num_cpus and num_gpus must be >= 0")
         if self.batch_format not in BATCH_FORMATS:
             raise ConfigError(f"{where}: batch_format must be one of {BATCH_FORMATS}, got {self.batch_format!r}")
+        if self.transform and isinstance(self.predictor, type):
+            raise ConfigError(f"{where}: a transform stage takes a factory function fn(stage), not a class")
         if not isinstance(self.predictor_kwargs, dict):
             raise ConfigError(f"{where}: predictor_kwargs must be a dict, got {type(self.predictor_kwargs).__name__}")
 
@@ -94,11 +106,14 @@ class Stage:
         predictor = self.predictor
         if not isinstance(predictor, str):
             predictor = f"{getattr(predictor, '__module__', '?')}:{getattr(predictor, '__qualname__', repr(predictor))}"
-        return {
+        signature = {
             "predictor": predictor,
             "predictor_kwargs": _jsonable(self.predictor_kwargs),
             "batch_format": self.batch_format,
         }
+        if self.transform:  # only when set: outputs planned before this field existed stay resumable
+            signature["transform"] = True
+        return signature
 
     def to_spec(self) -> dict[str, Any]:
         """A JSON-serialisable form, for running on a cluster: the predictor by import path."""
@@ -137,6 +152,10 @@ class BatchInferenceConfig:
         :func:`~airflow_provider_raybatch.pipeline.partitions.plan_partitions` (one partition
         of a mapped run); None: every range.
     :param storage_options: fsspec options for both paths (credentials); never logged or saved.
+    :param max_error_fraction: the largest share of engine errors tolerated among the rows that
+        reached a model (rows a stage rejected as ``engine_error``, over those rows plus the rows
+        written). Past it the run fails with :class:`TooManyErrorsError`. Rows rejected as invalid
+        input never reached a model and do not count.
     """
 
     input_path: str
@@ -151,6 +170,7 @@ class BatchInferenceConfig:
     max_rows: int | None = None
     range_ids: list[str] | None = None
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    max_error_fraction: float = 0.01
 
     def validate(self) -> None:
         if not self.input_path:
@@ -167,6 +187,8 @@ class BatchInferenceConfig:
             raise ConfigError(f"max_rows must be an integer >= 1 or None, got {self.max_rows!r}")
         if self.range_ids is not None and (isinstance(self.range_ids, str) or not self.range_ids):
             raise ConfigError(f"range_ids must be a non-empty list of range ids or None, got {self.range_ids!r}")
+        if not 0 <= self.max_error_fraction <= 1:
+            raise ConfigError(f"max_error_fraction must be between 0 and 1, got {self.max_error_fraction!r}")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("columns", "keep_columns"):

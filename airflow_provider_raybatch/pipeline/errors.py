@@ -19,3 +19,12 @@ class InputChangedError(InputError):
 
 class StageError(RayBatchError):
     """A stage returned something that cannot be written (wrong type or row count)."""
+
+
+class TooManyErrorsError(RayBatchError):
+    """More rows failed in a model than ``max_error_fraction`` allows.
+
+    The failed rows are committed to the rejects with their errors, so a retry of the same
+    output would count the same errors and fail the same way: fix the cause, then rerun with
+    ``mode="overwrite"``.
+    """

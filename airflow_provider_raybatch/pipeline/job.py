@@ -3,7 +3,8 @@
 The spec is :meth:`BatchInferenceConfig.to_spec` plus the submission id and namespace; it holds
 no credentials: storage access comes from the cluster's environment or the job's runtime_env.
 The summary is written to ``<output>/_raybatch/jobs/<submission id>.json`` for the task to read.
-Exit status :data:`SETTINGS_ERROR_EXIT` means bad settings or input: retrying cannot help.
+Exit status :data:`SETTINGS_ERROR_EXIT` means bad settings or input, or too many engine errors:
+retrying cannot help.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
-from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, TooManyErrorsError
 
 SETTINGS_ERROR_EXIT = 3
 #: Prefix of the line that carries a settings error's message out of the job's log.
@@ -35,7 +36,7 @@ def main(argv: list[str]) -> int:
     try:
         config = BatchInferenceConfig.from_spec(spec["config"])
         summary = run_batch_inference(config, ray_address="auto", namespace=spec.get("namespace"))
-    except (ConfigError, InputError) as e:
+    except (ConfigError, InputError, TooManyErrorsError) as e:
         print(f"{ERROR_PREFIX}{e}", file=sys.stderr, flush=True)
         return SETTINGS_ERROR_EXIT
     write_job_summary(config, spec["submission_id"], summary)

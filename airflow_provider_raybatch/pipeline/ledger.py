@@ -3,15 +3,17 @@
 Layout of an output folder::
 
     part-<range id>.parquet          one file per committed range (readers see only these)
+    _rejects/part-<range id>.parquet the range's rejected rows (row key, reason, kind), if any
     _raybatch/plan.json              input fingerprint, ranges, job signature, run key
     _raybatch/commits/<range id>.json  one record per committed range: its file and row count
     _raybatch/tmp/                   files being written, published by a rename when complete
     _raybatch/jobs/<submission id>.json  summary of a run submitted as a Ray Job
 
-A range is committed by (1) writing its file under ``_raybatch/tmp/``, (2) moving it to its
-final name, (3) writing its commit record. A crash before (3) leaves at most a file without a
-record, which is deleted before the range is redone; a reader of a finished output only ever
-sees whole ranges, each once.
+A range is committed by (1) writing its files under ``_raybatch/tmp/``, (2) moving them to
+their final names, (3) writing its commit record, which names both. A crash before (3) leaves
+at most files without a record, which are deleted before the range is redone; a reader of a
+finished output only ever sees whole ranges, each once, and a range's rejects exactly when its
+accepted rows.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.storage import read_json, write_json
 
 META_DIR = "_raybatch"
+REJECTS_DIR = "_rejects"
 PLAN_VERSION = 1
 
 
@@ -41,9 +44,13 @@ class OutputLedger:
         self.plan_path = f"{self.meta}/plan.json"
         self.commits_dir = f"{self.meta}/commits"
         self.tmp_dir = f"{self.meta}/tmp"
+        self.rejects_dir = f"{root}/{REJECTS_DIR}"
 
     def data_file(self, range_id: str) -> str:
         return f"{self.root}/part-{range_id}.parquet"
+
+    def rejects_file(self, range_id: str) -> str:
+        return f"{self.rejects_dir}/part-{range_id}.parquet"
 
     def tmp_file(self, range_id: str) -> str:
         self.fs.makedirs(self.tmp_dir, exist_ok=True)
@@ -63,7 +70,11 @@ class OutputLedger:
         if not self.fs.isdir(self.root):
             return []
         names = [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
-        return sorted(n for n in names if n != META_DIR and not (n.startswith("part-") and n.endswith(".parquet")))
+        return sorted(
+            n
+            for n in names
+            if n not in (META_DIR, REJECTS_DIR) and not (n.startswith("part-") and n.endswith(".parquet"))
+        )
 
     def committed(self) -> dict[str, dict[str, Any]]:
         """Range id -> commit record, for every committed range."""
@@ -74,26 +85,47 @@ class OutputLedger:
             records = list(pool.map(lambda p: read_json(self.fs, p), paths))
         return {r["range_id"]: r for r in records}
 
-    def commit(self, range_id: str, tmp_path: str | None, rows: int) -> None:
+    def commit(
+        self,
+        range_id: str,
+        tmp_path: str | None,
+        rows: int,
+        rejects_tmp_path: str | None = None,
+        rejected: int = 0,
+        engine_errors: int = 0,
+    ) -> None:
+        """Publish a range's files (output, rejects) and write the one record that commits both.
+
+        ``rows`` counts the output file's rows; ``rejected`` the rejects file's, of which
+        ``engine_errors`` failed in a model.
+        """
         files = []
-        if tmp_path is not None:
-            self.fs.mv(tmp_path, self.data_file(range_id))
-            files.append(posixpath.basename(self.data_file(range_id)))
+        for tmp, final in ((tmp_path, self.data_file(range_id)), (rejects_tmp_path, self.rejects_file(range_id))):
+            if tmp is not None:
+                self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+                self.fs.mv(tmp, final)
+                files.append(posixpath.relpath(final, self.root))
+        if files:
             crash_point("published")
-        write_json(self.fs, f"{self.commits_dir}/{range_id}.json", {"range_id": range_id, "files": files, "rows": rows})
+        record: dict[str, Any] = {"range_id": range_id, "files": files, "rows": rows}
+        if rejected:  # only when there are rejects: records of outputs without any stay as they were
+            record.update(rejected=rejected, engine_errors=engine_errors)
+        write_json(self.fs, f"{self.commits_dir}/{range_id}.json", record)
 
     def remove_uncommitted(self, committed: dict[str, dict[str, Any]], range_ids: list[str] | None = None) -> list[str]:
-        """Delete data files of ranges without a commit record, and abandoned temporary files.
+        """Delete data and rejects files of ranges without a commit record, and abandoned temporary files.
 
         With ``range_ids`` (one partition of a mapped run), only files of those ranges: other
         partitions' tasks may be writing theirs at the same time.
         """
         keep = {name for record in committed.values() for name in record["files"]}
-        stale = [
-            p
-            for p in (self.fs.ls(self.root, detail=False) if self.fs.isdir(self.root) else [])
-            if posixpath.basename(p).startswith("part-") and posixpath.basename(p) not in keep
-        ]
+        stale = []
+        for folder in (self.root, self.rejects_dir):
+            if self.fs.isdir(folder):
+                for path in self.fs.ls(folder, detail=False):
+                    name = posixpath.basename(path.rstrip("/"))
+                    if name.startswith("part-") and posixpath.relpath(path, self.root) not in keep:
+                        stale.append(path)
         if self.fs.isdir(self.tmp_dir):
             stale += self.fs.ls(self.tmp_dir, detail=False)
         if range_ids is not None:

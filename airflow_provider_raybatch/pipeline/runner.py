@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
@@ -23,6 +24,7 @@ from airflow_provider_raybatch.pipeline.errors import (
     InputError,
     RayBatchError,
     StageError,
+    TooManyErrorsError,
 )
 from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
@@ -30,10 +32,15 @@ from airflow_provider_raybatch.pipeline.partitions import open_partition
 from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
 from airflow_provider_raybatch.pipeline.stages import (
+    ENGINE_ERROR,
+    INTERNAL_PREFIX,
+    RANGE_COLUMN,
     StageWorker,
     output_columns,
+    rejects_table,
     resolve_predictor,
     split_by_range,
+    split_rejected,
 )
 from airflow_provider_raybatch.pipeline.storage import (
     is_within,
@@ -90,6 +97,7 @@ def run_batch_inference(
     plan = plan_input(in_fs, in_path, config.input_path, config.columns, config.rows_per_range)
     plan = limit_rows(plan, config.max_rows)
     keep = _keep_columns(config, plan)
+    _check_stage_inputs(config.stages[0], plan)
     ledger = OutputLedger(out_fs, out_path, config.output_path)
     committed = _open_output(config, plan, ledger)
     if plan_only:
@@ -111,9 +119,38 @@ def run_batch_inference(
             len(committed),
         )
         with ray_session(ray_address, namespace):
+            # Transforms are built on the driver before anything is scheduled; a factory checks what it
+            # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
+            transforms = {i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if s.transform}
             _check_resources(config.stages)
-            _stream(config, plan, ledger, pending, keep, in_fs, progress)
-    return progress.summary(config.output_path, time.monotonic() - started)
+            _stream(config, plan, ledger, pending, keep, in_fs, progress, transforms)
+    summary = progress.summary(config.output_path, time.monotonic() - started)
+    _check_errors(config, progress)
+    return summary
+
+
+def _check_stage_inputs(stage: Stage, plan: Plan) -> None:
+    missing = [c for c in stage.input_columns or [] if c not in plan.schema.names]
+    if missing:
+        raise InputError(
+            f"stage {stage.display_name!r} reads column(s) {missing}, which the input does not have; "
+            f"columns read: {plan.schema.names}"
+        )
+
+
+def _check_errors(config: BatchInferenceConfig, progress: _Progress) -> None:
+    """Fail when more rows failed in a model than ``max_error_fraction`` allows (over the whole output)."""
+    reached = progress.rows_out + progress.engine_errors
+    if progress.engine_errors and progress.engine_errors > config.max_error_fraction * reached:
+        raise TooManyErrorsError(_too_many_errors(config, progress.engine_errors, reached))
+
+
+def _too_many_errors(config: BatchInferenceConfig, errors: int, reached: int) -> str:
+    return (
+        f"{errors} of {reached} rows that reached a model failed ({errors / max(reached, 1):.1%}), more than "
+        f"max_error_fraction={config.max_error_fraction:g}; the errors are in {config.output_path.rstrip('/')}/_rejects/. "
+        "A retry would count the same committed errors: fix the cause and rerun with mode='overwrite'."
+    )
 
 
 def write_job_summary(config: BatchInferenceConfig, submission_id: str, summary: dict[str, Any]) -> None:
@@ -259,6 +296,7 @@ def _stream(
     keep: list[str],
     in_fs: AbstractFileSystem,
     progress: _Progress,
+    transforms: dict[int, Any],
 ) -> None:
     import ray
     from ray.data import ActorPoolStrategy, DataContext
@@ -268,7 +306,10 @@ def _stream(
     DataContext.get_current().enable_progress_bars = False  # progress goes to the log, see _Progress
     datasource = RangeDatasource(in_fs, plan, pending, keep, derive_row_id=config.id_column is None)
     ds = ray.data.read_datasource(datasource, num_cpus=READ_CPUS)
-    for stage in config.stages:
+    for index, stage in enumerate(config.stages):
+        if index in transforms:
+            ds = transforms[index](ds)
+            continue
         pool = stage.concurrency
         ds = ds.map_batches(
             StageWorker,
@@ -286,11 +327,17 @@ def _stream(
             resources=stage.resources,
             udf_modifying_row_count=False,
         )
-    writers = _RangeWriters(ledger, plan, progress)
+    writers = _RangeWriters(ledger, plan, progress, config)
     try:
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+            if block.num_rows and RANGE_COLUMN not in block.column_names:
+                raise StageError(
+                    f"a transform stage dropped the internal columns (got {block.column_names}); "
+                    f"its output must carry every column starting with {INTERNAL_PREFIX!r}"
+                )
             for index, rows in split_by_range(block):
-                writers.write(index, output_columns(rows))
+                accepted, rejected = split_rejected(rows)
+                writers.write(index, output_columns(accepted), rejected)
         writers.check_done()
     finally:
         writers.abort()
@@ -298,42 +345,67 @@ def _stream(
 
 @dataclass
 class _OpenRange:
-    path: str
-    file: Any
+    path: str | None = None
+    file: Any = None
     writer: pq.ParquetWriter | None = None
     buffered: list[pa.Table] = field(default_factory=list)
     buffered_rows: int = 0
     rows: int = 0
+    rejects: list[pa.Table] = field(default_factory=list)
+    rejected: int = 0
 
 
 class _RangeWriters:
-    """One Parquet file per range, committed when the range's last row arrives."""
+    """One Parquet file per range (and one of its rejects, if any), committed when its last row arrives."""
 
-    def __init__(self, ledger: OutputLedger, plan: Plan, progress: _Progress):
-        self.ledger, self.plan, self.progress = ledger, plan, progress
+    def __init__(self, ledger: OutputLedger, plan: Plan, progress: _Progress, config: BatchInferenceConfig):
+        self.ledger, self.plan, self.progress, self.config = ledger, plan, progress, config
         self.open: dict[int, _OpenRange] = {}
 
-    def write(self, index: int, table: pa.Table) -> None:
+    def write(self, index: int, table: pa.Table, rejected: pa.Table) -> None:
         row_range = self.plan.ranges[index]
-        current = self.open.get(index)
-        if current is None:
-            path = self.ledger.tmp_file(row_range.id)
-            current = self.open[index] = _OpenRange(path, self.ledger.fs.open(path, "wb"))
-        current.buffered.append(table)
-        current.buffered_rows += table.num_rows
-        current.rows += table.num_rows
-        if current.rows > row_range.rows:
-            raise RayBatchError(f"range {row_range.id} received {current.rows} rows but holds {row_range.rows}")
-        if current.rows == row_range.rows:
-            self._flush(current)
-            current.writer.close()
-            current.file.close()
-            del self.open[index]
-            self.ledger.commit(row_range.id, current.path, current.rows)
-            crash_point("committed")
-            self.progress.committed(index)
+        current = self.open.setdefault(index, _OpenRange())
+        if table.num_rows:
+            if current.file is None:
+                current.path = self.ledger.tmp_file(row_range.id)
+                current.file = self.ledger.fs.open(current.path, "wb")
+            current.buffered.append(table)
+            current.buffered_rows += table.num_rows
+            current.rows += table.num_rows
+        if rejected.num_rows:
+            current.rejects.append(rejects_table(rejected))  # rejects are few: kept in memory until commit
+            current.rejected += rejected.num_rows
+        received = current.rows + current.rejected
+        if received > row_range.rows:
+            raise RayBatchError(f"range {row_range.id} received {received} rows but holds {row_range.rows}")
+        if received == row_range.rows:
+            self._commit(index, current)
         elif current.buffered_rows >= ROW_GROUP_ROWS:
             self._flush(current)
+
+    def _commit(self, index: int, current: _OpenRange) -> None:
+        row_range = self.plan.ranges[index]
+        if current.file is not None:
+            if current.buffered:
+                self._flush(current)
+            current.writer.close()
+            current.file.close()
+        rejects_path, errors = None, 0
+        if current.rejects:
+            rejects = pa.concat_tables(current.rejects, promote_options="permissive")
+            errors = int(pc.sum(pc.equal(rejects.column("kind"), ENGINE_ERROR)).as_py() or 0)
+            rejects_path = self.ledger.tmp_file(f"rejects-{row_range.id}")
+            with self.ledger.fs.open(rejects_path, "wb") as f:
+                pq.write_table(rejects, f)
+        del self.open[index]
+        self.ledger.commit(row_range.id, current.path, current.rows, rejects_path, current.rejected, errors)
+        crash_point("committed")
+        self.progress.committed(index, current.rows, current.rejected, errors)
+        # Past this many errors the fraction is over the limit whatever the remaining rows do: stop now.
+        if self.progress.engine_errors > self.config.max_error_fraction * self.plan.total_rows:
+            raise TooManyErrorsError(
+                _too_many_errors(self.config, self.progress.engine_errors, self.progress.rows_reached)
+            )
 
     def _flush(self, current: _OpenRange) -> None:
         try:
@@ -375,25 +447,36 @@ class _Progress:
         self.last_log = self.started
         self.skipped = len(committed)
         self.rows_out = sum(r["rows"] for r in committed.values())
+        self.rows_rejected = sum(r.get("rejected", 0) for r in committed.values())
+        self.engine_errors = sum(r.get("engine_errors", 0) for r in committed.values())
         self.done = 0
         self.rows_processed = 0
 
-    def committed(self, index: int) -> None:
-        rows = self.plan.ranges[index].rows
+    @property
+    def rows_reached(self) -> int:
+        """Rows that reached a model: written, or rejected with an engine error."""
+        return self.rows_out + self.engine_errors
+
+    def committed(self, index: int, rows: int | None = None, rejected: int = 0, engine_errors: int = 0) -> None:
+        rows = self.plan.ranges[index].rows if rows is None else rows
         self.done += 1
-        self.rows_processed += rows
+        self.rows_processed += rows + rejected
         self.rows_out += rows
+        self.rows_rejected += rejected
+        self.engine_errors += engine_errors
         now = time.monotonic()
         if now - self.last_log >= PROGRESS_INTERVAL_S or self.skipped + self.done == len(self.plan.ranges):
             self.last_log = now
             rate = self.rows_processed / max(now - self.started, 1e-9)
-            left = self.plan.total_rows - self.rows_out
+            done_rows = self.rows_out + self.rows_rejected
+            left = self.plan.total_rows - done_rows
             log.info(
-                "Committed %d/%d ranges, %d/%d rows, %.0f rows/s, about %.0fs left",
+                "Committed %d/%d ranges, %d/%d rows (%d rejected), %.0f rows/s, about %.0fs left",
                 self.skipped + self.done,
                 len(self.plan.ranges),
-                self.rows_out,
+                done_rows,
                 self.plan.total_rows,
+                self.rows_rejected,
                 rate,
                 left / rate if rate else 0,
             )
@@ -403,6 +486,8 @@ class _Progress:
             "output_path": output_path,
             "rows_in": self.plan.total_rows,
             "rows_out": self.rows_out,
+            "rows_rejected": self.rows_rejected,
+            "engine_errors": self.engine_errors,
             "rows_processed": self.rows_processed,
             "ranges_total": len(self.plan.ranges),
             "ranges_done": self.done,

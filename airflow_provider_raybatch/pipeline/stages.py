@@ -1,9 +1,13 @@
 """What runs inside Ray: the range reader and the wrapper around each user predictor.
 
-Rows carry two kinds of internal columns through the stages, never shown to a predictor: the
-range they belong to (so the driver knows when a range is complete) and the input columns kept
-for the output (so a predictor in the style of Ray's guide, which returns only its outputs,
-still gets them written beside its results).
+Rows carry internal columns through the stages, never shown to a predictor: the range they
+belong to (so the driver knows when a range is complete), the input columns kept for the output
+(so a predictor in the style of Ray's guide, which returns only its outputs, still gets them
+written beside its results), and, once a stage rejects a row, why.
+
+A stage rejects rows by returning a column ``REJECT_COLUMN`` holding a reason (None for rows it
+accepts) and optionally ``REJECT_KIND_COLUMN`` (``INVALID_INPUT`` or ``ENGINE_ERROR``, the
+default). Later stages never see rejected rows; the driver writes them to the rejects output.
 """
 
 from __future__ import annotations
@@ -20,13 +24,20 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, Stage
-from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, StageError
 from airflow_provider_raybatch.pipeline.planner import InputFile, RowRange
 from airflow_provider_raybatch.pipeline.tensors import output_to_table, table_to_numpy
 
 INTERNAL_PREFIX = "__raybatch_"
 RANGE_COLUMN = "__raybatch_range"
 KEEP_PREFIX = "__raybatch_keep:"
+#: Why a stage rejected a row (null: accepted).
+REJECT_COLUMN = "__raybatch_reject"
+#: What kind of rejection: INVALID_INPUT (never reached a model) or ENGINE_ERROR (a model failed on it).
+REJECT_KIND_COLUMN = "__raybatch_reject_kind"
+INVALID_INPUT = "invalid_input"
+ENGINE_ERROR = "engine_error"
+REJECT_COLUMNS = (REJECT_COLUMN, REJECT_KIND_COLUMN)
 # Row ids derived from (file, row): rows per file up to 2**40, files up to 2**23.
 ROW_ID_FILE_SHIFT = 40
 
@@ -74,6 +85,9 @@ class StageWorker:
             self.fn, self.kwargs = target, dict(stage.predictor_kwargs)
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        table, rejected = split_rejected(table)
+        if table.num_rows == 0:
+            return rejected
         internal = [c for c in table.column_names if c.startswith(INTERNAL_PREFIX)]
         user = table.drop_columns(internal)
         if self.batch_format == "numpy":
@@ -83,9 +97,65 @@ class StageWorker:
         else:
             batch = user
         result = output_to_table(self.fn(batch, **self.kwargs), self.name, table.num_rows)
+        result, reasons, kinds = self._take_rejects(result)
         for name in internal:
-            result = result.append_column(name, table.column(name))
-        return result
+            if name not in REJECT_COLUMNS:
+                result = result.append_column(name, table.column(name))
+        if reasons is not None:
+            result = result.append_column(REJECT_COLUMN, reasons).append_column(REJECT_KIND_COLUMN, kinds)
+        if rejected.num_rows == 0:
+            return result
+        # Rows rejected earlier pass by with nulls in this stage's output columns.
+        return pa.concat_tables([result, rejected], promote_options="default")
+
+    def _take_rejects(self, result: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Array | None]:
+        bad = [c for c in result.column_names if c.startswith(INTERNAL_PREFIX) and c not in REJECT_COLUMNS]
+        if bad:
+            raise StageError(f"stage {self.name!r} returned internal column(s) {bad}; rename them")
+        if REJECT_COLUMN not in result.column_names:
+            return result.drop_columns([c for c in REJECT_COLUMNS if c in result.column_names]), None, None
+        try:
+            reasons = result.column(REJECT_COLUMN).cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise StageError(f"stage {self.name!r}: {REJECT_COLUMN} must hold reason strings or None: {e}") from e
+        if REJECT_KIND_COLUMN in result.column_names:
+            kinds = result.column(REJECT_KIND_COLUMN).cast(pa.string())
+            kinds = pc.if_else(pc.is_valid(reasons), pc.coalesce(kinds, ENGINE_ERROR), pa.scalar(None, pa.string()))
+        else:
+            kinds = pc.if_else(pc.is_valid(reasons), ENGINE_ERROR, pa.scalar(None, pa.string()))
+        return result.drop_columns([c for c in REJECT_COLUMNS if c in result.column_names]), reasons, kinds
+
+
+def split_rejected(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(accepted rows, rejected rows); rejected rows keep only their internal columns."""
+    if REJECT_COLUMN not in table.column_names:
+        return table, table.schema.empty_table().select([])
+    valid = pc.is_valid(table.column(REJECT_COLUMN))
+    if not pc.any(valid).as_py():
+        return table, table.schema.empty_table().select([])
+    internal = [c for c in table.column_names if c.startswith(INTERNAL_PREFIX)]
+    return table.filter(pc.invert(valid)), table.filter(valid).select(internal)
+
+
+def rejects_table(rejected: pa.Table) -> pa.Table:
+    """What the rejects output holds: the row key and kept columns (not binary ones), reason, kind."""
+    names, columns = [], []
+    for name in rejected.column_names:
+        if name.startswith(KEEP_PREFIX):
+            column = rejected.column(name)
+            if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+                continue  # image bytes and the like: the rejects name the row, they do not copy it
+            names.append(name[len(KEEP_PREFIX) :])
+            columns.append(column)
+    kinds = (
+        rejected.column(REJECT_KIND_COLUMN)
+        if REJECT_KIND_COLUMN in rejected.column_names
+        else pa.array([ENGINE_ERROR] * rejected.num_rows, pa.string())
+    )
+    return pa.table(
+        columns + [rejected.column(REJECT_COLUMN).cast(pa.string()), kinds.cast(pa.string())],
+        names=names + ["reason", "kind"],
+    )
 
 
 def read_range(

@@ -1,0 +1,169 @@
+"""LLM stage settings, prompts and the image stage, without Ray or a model."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig, build_stages
+from airflow_provider_raybatch.llm.images import PrepareImages
+from airflow_provider_raybatch.llm.processors import (
+    ChatAnswer,
+    ChatRequest,
+    finish_row,
+    openai_payload,
+    parse_openai_response,
+)
+from airflow_provider_raybatch.llm.prompts import chat_messages
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError
+from tests.llm.images import image_bytes
+
+
+def test_stages_are_json_specs_without_secrets():
+    task = ChatTask(prompt="Describe.", image_column="jpg", image_size=(64, 48), sampling_params={"max_tokens": 8})
+    engine = EngineConfig("openai", "gpt-4o-mini", base_url="http://127.0.0.1:1/v1", concurrency=(1, 2))
+    stages = build_stages(task, engine)
+    assert [s.display_name for s in stages] == ["prepare_images", "openai"]
+    assert stages[0].input_columns == ["jpg"] and stages[1].transform
+    spec = json.loads(json.dumps(BatchInferenceConfig("in", "out", stages).to_spec()))
+    again = BatchInferenceConfig.from_spec(spec)
+    assert again.stages == stages
+    assert ChatTask.from_dict(again.stages[1].predictor_kwargs["task"]) == task
+    assert EngineConfig.from_stage(again.stages[1]) == engine
+    # Resources are the stage's fields, not its kwargs: scaling them keeps a resumable output's settings.
+    assert "concurrency" not in again.stages[1].predictor_kwargs["engine"] and again.stages[1].concurrency == (1, 2)
+    assert again.stages[1].predictor_kwargs["engine"]["api_key_env"] == "RAYBATCH_OPENAI_API_KEY"
+
+
+@pytest.mark.parametrize(
+    ("task", "engine", "message"),
+    [
+        ({}, {"engine": "tgi"}, r"engine must be one of \('vllm', 'transformers', 'openai'\)"),
+        ({"prompt": "Industry of {Company!x"}, {}, "not a valid template"),
+        ({"prompt": "Industry of {}"}, {}, "prompt fields must name columns"),
+        ({"choices": []}, {}, "choices must be a non-empty list"),
+        ({"choices": ["a", "a"]}, {}, "distinct"),
+        ({"choices": ["a"], "image_column": "jpg"}, {}, "choices are supported for text prompts only"),
+        (
+            {"sampling_params": {"max_tokens": 4, "structured_outputs": {}}},
+            {},
+            r"sampling_params \['structured_outputs'\] are not supported by engine='transformers'",
+        ),
+        ({"image_size": (0, 10), "image_column": "jpg"}, {}, "image_size must be"),
+        ({}, {"engine": "openai"}, "engine='openai' needs base_url"),
+        (
+            {},
+            {"engine": "vllm", "num_gpus": 1, "engine_kwargs": {"tensor_parallel_size": 2}},
+            "tensor_parallel_size x pipeline_parallel_size = 2",
+        ),
+        ({"output_column": "__x"}, {}, "output_column must be a plain column name"),
+    ],
+)
+def test_bad_settings_name_the_setting(task, engine, message):
+    with pytest.raises(ConfigError, match=message):
+        build_stages(
+            ChatTask(**{"prompt": "Industry of {Company}", **task}),
+            EngineConfig(**{"engine": "transformers", "model": "m", **engine}),
+        )
+
+
+def test_messages_are_openai_style_with_the_image_as_a_data_url():
+    task = ChatTask(prompt="What industry is this company in: {Company}", system_prompt="Be brief about {Company}.")
+    assert chat_messages(task, {"Company": "Acme"}) == [
+        {"role": "system", "content": "Be brief about Acme."},
+        {"role": "user", "content": "What industry is this company in: Acme"},
+    ]
+    png = image_bytes(1)
+    (user,) = chat_messages(ChatTask(prompt="Describe."), {}, image=png)
+    assert user["content"][0]["image_url"]["url"] == "data:image/png;base64," + base64.b64encode(png).decode()
+    assert user["content"][1] == {"type": "text", "text": "Describe."}
+
+
+def test_requests_answers_and_rejected_rows_through_the_processor_hooks():
+    task = ChatTask(prompt="Industry of {Company}", choices=["Tech", "Retail"], sampling_params={"temperature": 0})
+    vllm = ChatRequest(task.to_dict(), "vllm")({"Company": "Acme", "__raybatch_range": 3})
+    assert vllm["sampling_params"] == {"temperature": 0, "structured_outputs": {"choice": ["Tech", "Retail"]}}
+    assert vllm["messages"] == [{"role": "user", "content": "Industry of Acme"}]
+    # A row rejected earlier skips every ray.data.llm stage.
+    assert ChatRequest(task.to_dict(), "vllm")({"__raybatch_reject": "bad image"}) == {
+        "__inference_error__": "rejected by an earlier stage"
+    }
+    payload = openai_payload(task, "m", vllm["messages"])
+    assert payload["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"] == ["Tech", "Retail"]
+    answer = ChatAnswer(task.to_dict(), "openai")
+    ok = {"choices": [{"message": {"content": '{"answer": "Retail"}'}}]}
+    row = {"__raybatch_range": 3, "__raybatch_keep:id": 7, "Company": "Acme", "http_response": ok}
+    assert answer(row) == {
+        "__raybatch_range": 3,
+        "__raybatch_keep:id": 7,
+        "generated_text": "Retail",
+        "__raybatch_reject": None,
+        "__raybatch_reject_kind": None,
+    }
+    outside = {"choices": [{"message": {"content": '{"answer": "Mining"}'}}]}
+    assert (
+        answer({**row, "http_response": outside})["__raybatch_reject"]
+        == "the answer 'Mining' is not one of the choices"
+    )
+    assert parse_openai_response({"error": {"message": "context too long"}}, task) == (
+        None,
+        "the endpoint returned an error: context too long",
+    )
+    # After the processor: an engine failure (bypassing postprocess) becomes an engine_error reject.
+    failed = {"__raybatch_range": 3, "__raybatch_keep:id": 8, "messages": [], "__inference_error__": "OOM"}
+    assert finish_row(failed, "generated_text") == {
+        "__raybatch_range": 3,
+        "__raybatch_keep:id": 8,
+        "__raybatch_reject": "OOM",
+        "__raybatch_reject_kind": "engine_error",
+        "generated_text": None,
+    }
+
+
+def test_image_stage_reads_bytes_structs_and_paths_and_rejects_the_rest(tmp_path):
+    from PIL import Image
+
+    good = image_bytes(3, "JPEG", size=(40, 30))
+    (tmp_path / "ok.png").write_bytes(image_bytes(4))
+    values = [
+        {"bytes": good, "path": None},
+        {"bytes": None, "path": str(tmp_path / "ok.png")},
+        str(tmp_path / "ok.png"),
+        str(tmp_path / "missing.png"),
+        {"bytes": None, "path": None},
+        None,
+    ]
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    for column in (
+        pa.array(values[:2] + values[4:5], struct),
+        pa.array(values[2:4] + values[5:], pa.string()),
+    ):
+        out = PrepareImages(ChatTask(prompt="x", image_column="img", image_size=(8, 6)).to_dict())(
+            pa.table({"img": column})
+        )
+        images, reasons = out["raybatch_image_png"].to_pylist(), out["__raybatch_reject"].to_pylist()
+        for image, reason in zip(images, reasons, strict=True):
+            if reason is None:
+                assert Image.open(io.BytesIO(image)).size == (8, 6)
+        if column.type == struct:
+            assert reasons[:2] == [None, None] and reasons[2].startswith("missing image (struct")
+        else:
+            assert reasons[0] is None
+            assert reasons[1].startswith(f"cannot read image file '{tmp_path / 'missing.png'}'")
+            assert reasons[2] == "missing image (null)"
+        assert out["__raybatch_reject_kind"].to_pylist() == [None if r is None else "invalid_input" for r in reasons]
+
+
+def test_a_prompt_field_missing_from_the_input_fails_before_ray(tmp_path):
+    from airflow_provider_raybatch.examples.llm_data import write_companies
+    from airflow_provider_raybatch.pipeline import InputError
+    from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+
+    write_companies(tmp_path / "in", 10)
+    stages = build_stages(ChatTask(prompt="Industry of {Compnay}"), EngineConfig("transformers", "no-such-model"))
+    with pytest.raises(InputError, match=r"stage 'transformers' reads column\(s\) \['Compnay'\].*'Company'"):
+        run_batch_inference(BatchInferenceConfig(str(tmp_path / "in"), str(tmp_path / "out"), stages))

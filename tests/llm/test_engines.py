@@ -1,0 +1,190 @@
+"""The LLM / VLM stages on a real local Ray with tiny real models (transformers), and the vLLM
+path up to what runs without vLLM: its processor as built, and its pre-flight errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_raybatch.examples.llm_data import INDUSTRIES, write_companies
+from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig, build_stages
+from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, vllm_preflight, vllm_processor_config
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, TooManyErrorsError
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from tests.llm.images import CORRUPT, write_images
+from tests.pipeline.test_runner import commit_count, kill_leftovers
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def vlm_config(tmp_path, model, **engine) -> BatchInferenceConfig:
+    task = ChatTask(
+        prompt="Describe this image.",
+        system_prompt="You write captions.",
+        image_column="jpg",
+        image_size=(32, 32),
+        sampling_params={"max_tokens": 6},
+        output_column="caption",
+    )
+    engine = EngineConfig("transformers", str(model), **{"batch_size": 8, "num_cpus": 0.5, **engine})
+    return BatchInferenceConfig(
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        build_stages(task, engine),
+        id_column="id",
+        keep_columns=[],
+        rows_per_range=10,
+    )
+
+
+def read_parts(out: Path) -> tuple[pa.Table, pa.Table]:
+    return pq.read_table(str(out)), pq.read_table(str(out / "_rejects"))
+
+
+def test_vlm_captions_every_valid_image_and_rejects_corrupt_ones(tmp_path, tiny_models):
+    valid = write_images(tmp_path / "in", 30)
+    summary = run_batch_inference(vlm_config(tmp_path, tiny_models["llava"]))
+    captions, rejects = read_parts(tmp_path / "out")
+    assert captions.column_names == ["id", "caption"]
+    assert sorted(captions["id"].to_pylist()) == valid
+    assert all(isinstance(c, str) for c in captions["caption"].to_pylist())  # the model's words, one per image
+    by_id = {r["id"]: r for r in rejects.to_pylist()}
+    assert sorted(by_id) == sorted(CORRUPT)
+    for i, (_, reason) in CORRUPT.items():
+        assert by_id[i]["reason"].startswith(reason) and by_id[i]["kind"] == "invalid_input"
+    assert summary["rows_out"] == len(valid) and summary["rows_rejected"] == len(CORRUPT)
+    assert summary["engine_errors"] == 0
+
+
+def test_choices_every_answer_is_a_member_and_too_long_prompts_are_engine_errors(tmp_path, tiny_models):
+    write_companies(tmp_path / "in", 300)
+    table = pq.read_table(tmp_path / "in" / "companies.parquet")
+    long_name = "Very " * 200 + "Long Holdings"  # longer than the model's context: the engine refuses it
+    names = table["Company"].to_pylist()
+    for i in (7, 150):
+        names[i] = long_name
+    pq.write_table(table.set_column(1, "Company", pa.array(names)), tmp_path / "in" / "companies.parquet")
+    task = ChatTask(
+        prompt="What industry is this company in: {Company}",
+        system_prompt="Answer with one word.",
+        choices=INDUSTRIES,
+        output_column="industry",
+    )
+    engine = EngineConfig("transformers", str(tiny_models["qwen2"]), batch_size=50, num_cpus=0.5)
+    cfg = BatchInferenceConfig(
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        build_stages(task, engine),
+        id_column="id",
+        keep_columns=["Company"],
+        rows_per_range=100,
+    )
+    summary = run_batch_inference(cfg)
+    answers, rejects = read_parts(tmp_path / "out")
+    assert answers.num_rows == 298 and set(answers["industry"].to_pylist()) <= set(INDUSTRIES)
+    assert answers["industry"].null_count == 0
+    assert sorted(rejects["id"].to_pylist()) == [7, 150] and set(rejects["kind"].to_pylist()) == {"engine_error"}
+    assert "exceeds max_model_len=512" in rejects["reason"][0].as_py()
+    assert summary["engine_errors"] == 2  # 2 of 300: within the default 1 %
+    # Rerun on the same output with a stricter limit: the committed errors count, deterministically.
+    cfg.max_error_fraction = 0.005
+    with pytest.raises(TooManyErrorsError, match=r"2 of 300 rows that reached a model failed"):
+        run_batch_inference(cfg)
+
+
+SPEC_SCRIPT = """
+import json, sys
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+print("SUMMARY " + json.dumps(run_batch_inference(BatchInferenceConfig.from_spec(json.loads(sys.argv[1])))))
+"""
+
+
+def test_a_killed_first_try_resumes_exactly_once_from_the_json_spec(tmp_path, tiny_models):
+    valid = write_images(tmp_path / "in", 40)
+    cfg = vlm_config(tmp_path, tiny_models["llava"])
+    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # a private Ray for the process that gets killed
+    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(REPO), "RAYBATCH_TEST_CRASH": "published:2"}
+    try:
+        crashed = subprocess.run(
+            [sys.executable, "-c", SPEC_SCRIPT, json.dumps(cfg.to_spec())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        kill_leftovers(ray_tmp)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    out = tmp_path / "out"
+    assert commit_count(out) == 1  # the second range's files were published, not committed
+    committed = {f for r in (out / "_raybatch" / "commits").glob("*.json") for f in json.loads(r.read_text())["files"]}
+    published = {str(p.relative_to(out)) for p in [*out.glob("part-*"), *out.glob("_rejects/part-*")]}
+    assert committed < published  # the uncommitted files (output and rejects) are removed on resume
+    summary = run_batch_inference(cfg)
+    assert summary["ranges_skipped"] == 1 and summary["rows_processed"] == 30
+    captions, rejects = read_parts(out)
+    ids = captions["id"].to_pylist() + rejects["id"].to_pylist()
+    assert sorted(ids) == list(range(40)) and sorted(captions["id"].to_pylist()) == valid
+
+
+def test_vllm_processor_as_built_without_vllm(tiny_models):
+    """What vLLM would receive: Ray's own processor is built (it needs no vllm) and inspected."""
+    from ray.data.llm import build_processor
+
+    task = ChatTask(
+        prompt="Describe this image.",
+        system_prompt="You write captions.",
+        image_column="jpg",
+        sampling_params={"temperature": 0.3, "max_tokens": 256},
+    )
+    engine = EngineConfig("vllm", str(tiny_models["llava"]), engine_kwargs={"max_model_len": 8192}, batch_size=16)
+    config = vllm_processor_config(task, engine)
+    assert config.should_continue_on_error and config.batch_size == 16
+    processor = build_processor(config, preprocess=ChatRequest(task.to_dict(), "vllm"))
+    assert processor.list_stage_names() == [
+        "PrepareMultimodalStage",
+        "ChatTemplateStage",
+        "TokenizeStage",
+        "vLLMEngineStage",
+        "DetokenizeStage",
+    ]
+    llm = processor.get_stage_by_name("vLLMEngineStage")
+    assert llm.fn_constructor_kwargs["engine_kwargs"]["max_model_len"] == 8192
+    assert llm.fn_constructor_kwargs["should_continue_on_error"] is True
+    assert llm.map_batches_kwargs["num_gpus"] == 1
+    request = ChatRequest(task.to_dict(), "vllm")({"raybatch_image_png": b"\x89PNG..."})
+    assert request["sampling_params"] == {"temperature": 0.3, "max_tokens": 256}
+    assert request["messages"][1]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
+
+    text = ChatTask(prompt="Industry of {Company}", choices=["Tech", "Retail"])
+    text_processor = build_processor(vllm_processor_config(text, EngineConfig("vllm", str(tiny_models["qwen2"]))))
+    assert "PrepareMultimodalStage" not in text_processor.list_stage_names()
+    assert ChatRequest(text.to_dict(), "vllm")({"Company": "Acme"})["sampling_params"] == {
+        "structured_outputs": {"choice": ["Tech", "Retail"]}
+    }
+    assert ChatAnswer(text.to_dict(), "vllm")({"generated_text": "Tech"})["generated_text"] == "Tech"
+
+
+def test_vllm_refuses_at_once_without_vllm_or_without_gpus(tmp_path, tiny_models):
+    write_images(tmp_path / "in", 10)
+    task = ChatTask(prompt="Describe.", image_column="jpg")
+    cfg = BatchInferenceConfig(
+        str(tmp_path / "in"), str(tmp_path / "out"), build_stages(task, EngineConfig("vllm", str(tiny_models["llava"])))
+    )
+    with pytest.raises(ConfigError, match=r"engine='vllm' needs the vllm package where the job runs"):
+        run_batch_inference(cfg)
+    assert commit_count(tmp_path / "out") == 0
+    # With vllm importable (the seam: where vllm is looked up), the missing GPUs are named.
+    with pytest.raises(ConfigError, match=r"engine='vllm' needs 2 GPU\(s\) .* but the Ray cluster has 0"):
+        vllm_preflight(EngineConfig("vllm", "m", concurrency=2), find_spec=lambda name: object())

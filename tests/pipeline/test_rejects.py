@@ -1,0 +1,122 @@
+"""Rejected rows: written beside the output, committed with it, counted, never seen by later stages."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooManyErrorsError
+from airflow_provider_raybatch.pipeline.errors import StageError
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from tests.data import write_input
+from tests.pipeline.test_runner import commit_count
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def reject_config(tmp_path, reject_kwargs, then=None, **kwargs) -> BatchInferenceConfig:
+    stages = [Stage("tests.predictors:RejectSome", reject_kwargs, num_cpus=0.5, batch_size=64)]
+    if then is not None:
+        stages.append(then)
+    kwargs = {"output_path": str(tmp_path / "out"), "id_column": "id", "rows_per_range": 100, **kwargs}
+    return BatchInferenceConfig(str(tmp_path / "in"), stages=stages, **kwargs)
+
+
+def read_rejects(out):
+    return pq.read_table(str(out / "_rejects"))
+
+
+def assert_once_across(out, expected):
+    ids = pq.read_table(str(out))["id"].to_pylist() + read_rejects(out)["id"].to_pylist()
+    assert sorted(ids) == list(expected), "every id exactly once across output and rejects"
+
+
+def test_rejected_rows_go_to_rejects_with_reason_and_skip_later_stages(tmp_path):
+    write_input(tmp_path / "in", [250, 130])
+    then = Stage("tests.predictors:Scale", {"factor": 2.0, "column": "score"}, num_cpus=0.5, batch_size=50)
+    cfg = reject_config(tmp_path, {"invalid_every": 7, "error_ids": [3, 200]}, then=then, keep_columns=["group"])
+    summary = run_batch_inference(cfg)
+    out = tmp_path / "out"
+    accepted = pq.read_table(str(out))
+    assert accepted.column_names == ["id", "group", "scaled"]  # the second stage ran on accepted rows only
+    assert accepted["scaled"].null_count == 0
+    rejects = read_rejects(out).sort_by("id")
+    assert rejects.column_names == ["id", "group", "reason", "kind"]
+    invalid = [i for i in range(380) if i % 7 == 0]
+    assert rejects["id"].to_pylist() == sorted(invalid + [3, 200])
+    by_id = {r["id"]: r for r in rejects.to_pylist()}
+    assert by_id[7] == {"id": 7, "group": "g1", "reason": "id 7 is invalid", "kind": "invalid_input"}
+    assert by_id[200]["kind"] == "engine_error" and by_id[200]["reason"] == "model failed on id 200"
+    assert_once_across(out, range(380))
+    assert summary["rows_out"] == 380 - len(invalid) - 2 and summary["rows_rejected"] == len(invalid) + 2
+    assert summary["engine_errors"] == 2 and summary["rows_processed"] == 380
+    # Each commit record names both files of its range.
+    record = json.loads((out / "_raybatch" / "commits" / f"{accepted_range_id(out)}.json").read_text())
+    assert sorted(record["files"]) == [
+        f"_rejects/part-{record['range_id']}.parquet",
+        f"part-{record['range_id']}.parquet",
+    ]
+    assert run_batch_inference(cfg)["rows_rejected"] == len(invalid) + 2  # a rerun counts the committed rejects
+
+
+def accepted_range_id(out) -> str:
+    return sorted(p.name for p in (out / "_rejects").glob("part-*.parquet"))[0][len("part-") : -len(".parquet")]
+
+
+def test_too_many_engine_errors_fail_the_run_and_its_reruns(tmp_path):
+    write_input(tmp_path / "in", [300])
+    # 3 errors among 300 rows that reached the model: 1 % is allowed, 0.5 % is not.
+    errors = {"error_ids": [11, 151, 291], "invalid_every": 50}
+    assert run_batch_inference(reject_config(tmp_path, errors, max_error_fraction=0.011))["engine_errors"] == 3
+    with pytest.raises(
+        TooManyErrorsError, match=r"3 of 294 rows that reached a model failed .*max_error_fraction=0.005"
+    ):
+        run_batch_inference(reject_config(tmp_path, errors, max_error_fraction=0.005))
+    # Invalid inputs alone never trip it.
+    run_batch_inference(
+        reject_config(tmp_path, {"invalid_every": 2}, output_path=str(tmp_path / "out2"), max_error_fraction=0)
+    )
+
+
+def test_too_many_engine_errors_stop_the_run_early(tmp_path):
+    write_input(tmp_path / "in", [1000])
+    every = {"error_ids": list(range(0, 1000, 2))}
+    with pytest.raises(TooManyErrorsError):
+        run_batch_inference(reject_config(tmp_path, every, max_error_fraction=0.1))
+    assert commit_count(tmp_path / "out") < 10
+
+
+def test_a_transform_stage_keeps_internal_columns_and_skips_rejects(tmp_path):
+    write_input(tmp_path / "in", [200])
+    then = Stage("tests.predictors:doubling_transform", transform=True, batch_size=50, num_cpus=0.5)
+    summary = run_batch_inference(reject_config(tmp_path, {"invalid_every": 10}, then=then, keep_columns=["group"]))
+    out = pq.read_table(str(tmp_path / "out")).sort_by("id")
+    assert set(out.column_names) == {"id", "group", "score", "doubled"}
+    assert out.num_rows == 180 and summary["rows_rejected"] == 20
+    assert out["doubled"].to_pylist() == [2 * s for s in out["score"].to_pylist()]
+    assert_once_across(tmp_path / "out", range(200))
+
+
+def test_a_transform_that_drops_internal_columns_is_named(tmp_path):
+    write_input(tmp_path / "in", [100])
+    then = Stage("tests.predictors:dropping_transform", transform=True, num_cpus=0)
+    with pytest.raises(StageError, match="transform stage dropped the internal columns"):
+        run_batch_inference(reject_config(tmp_path, {}, then=then))
+
+
+def test_stages_round_trip_through_the_json_spec():
+    cfg = BatchInferenceConfig(
+        "in",
+        "out",
+        [
+            Stage("tests.predictors:RejectSome", {"invalid_every": 3}, input_columns=["id"]),
+            Stage("tests.predictors:doubling_transform", transform=True, concurrency=(1, 2)),
+        ],
+        max_error_fraction=0.05,
+    )
+    spec = json.loads(json.dumps(cfg.to_spec()))
+    again = BatchInferenceConfig.from_spec(spec)
+    assert again == cfg and again.stages[1].transform and again.max_error_fraction == 0.05
+    assert again.job_signature() == cfg.job_signature()
