@@ -138,7 +138,9 @@ def test_ray_connection_env_matches_the_hook_fields(compose):
     (ray_type,) = [c for c in get_provider_info()["connection-types"] if c["connection-type"] == "ray"]
     if "conn-fields" not in ray_type:
         pytest.skip("the provider declares no conn-fields for `ray` yet (they come with issue 3)")
-    assert set(conn["extra"]) <= set(ray_type["conn-fields"]), set(conn["extra"]) - set(ray_type["conn-fields"])
+    fields = ray_type["conn-fields"]
+    names = set(fields) if isinstance(fields, dict) else {f["name"] for f in fields}
+    assert set(conn["extra"]) <= names, f"extras the `ray` connection does not declare: {set(conn['extra']) - names}"
 
 
 def test_aws_connection_env_reaches_the_store(compose, monkeypatch):
