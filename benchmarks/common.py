@@ -171,7 +171,7 @@ class VariantRun:
         finally:
             self.memory.__exit__()
             # A SIGKILLed driver cannot stop its Ray: end what runs from our private temp dir.
-            subprocess.run(["pkill", "-9", "-f", self.ray_tmp], check=False)
+            kill_ray_leftovers(self.ray_tmp)
         self.log.seek(0)
         output = self.log.read()
         self.log.close()
@@ -189,6 +189,27 @@ class VariantRun:
         result["peak_processes"] = self.memory.peak_processes
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
         return result
+
+
+def kill_ray_leftovers(ray_tmp: str) -> list[int]:
+    """Kill the processes of a Ray started with ``RAY_TMPDIR=ray_tmp``, and only those.
+
+    The raylet and GCS name the directory in their command lines; Ray's agents and workers
+    rename themselves (``ray::DashboardAgent``...), so they are found by their environment, read
+    as raw bytes (the renaming garbles what psutil parses).
+    """
+    in_environ, in_cmdline = f"RAY_TMPDIR={ray_tmp}\0".encode(), ray_tmp.encode()
+    killed = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) in (os.getpid(), os.getppid()):
+            continue
+        try:
+            if in_environ in (proc / "environ").read_bytes() or in_cmdline in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+                killed.append(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return killed
 
 
 def run_variant(

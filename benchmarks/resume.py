@@ -23,6 +23,7 @@ from benchmarks.common import (
     VariantRun,
     base_parser,
     commit_records,
+    commit_timeline,
     common_params,
     make_input,
     ratio,
@@ -45,8 +46,10 @@ def main(argv: list[str] | None = None) -> Results:
         shutil.rmtree(output, ignore_errors=True)  # the commits polled below must be this run's
         params = common_params(args, input_path, output)
 
-        full = run_variant("operator", common_params(args, input_path, args.work_dir / "out-resume-full"))["summary"]
-        results.add(run="full run", rows=rows, **_summary_columns(full))
+        full_output = args.work_dir / "out-resume-full"
+        full_result = run_variant("operator", common_params(args, input_path, full_output))
+        full = full_result["summary"]
+        results.add(run="full run", rows=rows, **_summary_columns(full), **_first_commit(full_output, full_result))
 
         killed_at_start = time.monotonic()
         killed = VariantRun("operator", {**params, "fresh_output": False})
@@ -64,8 +67,9 @@ def main(argv: list[str] | None = None) -> Results:
             returncode=killed_result["returncode"],
         )
 
-        rerun = run_variant("operator", {**params, "fresh_output": False})["summary"]
-        results.add(run="rerun", rows=rows, **_summary_columns(rerun))
+        rerun_result = run_variant("operator", {**params, "fresh_output": False})
+        rerun = rerun_result["summary"]
+        results.add(run="rerun", rows=rows, **_summary_columns(rerun), **_first_commit(output, rerun_result))
         assert rerun["ranges_skipped"] == committed and rerun["rows_out"] == rows, rerun
 
         rows_fraction = ratio(rerun["rows_processed"], full["rows_processed"])
@@ -90,6 +94,11 @@ def main(argv: list[str] | None = None) -> Results:
     results.note("seconds: the summary's `seconds` (planning, Ray start and shutdown included).")
     results.write()
     return results
+
+
+def _first_commit(output: Path, result: dict) -> dict:
+    """Seconds from the run's start to its first commit: the fixed cost it paid."""
+    return {"first_commit_s": commit_timeline(output, result["started_at"]).get("first_commit_s", "")}
 
 
 def _summary_columns(summary: dict) -> dict:
