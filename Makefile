@@ -11,7 +11,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export RAYBATCH_DEMO_ROOT := $(CURDIR)/.demo
 DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 
-.PHONY: demo demo-llm test lint clean
+.PHONY: demo demo-llm test lint bench clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 # pytest exits 5 when it collects no test: not a failure of the suite itself.
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# All six benchmarks at full size (about 10 minutes on 2 quiet cores, 25 under load); BENCH_ARGS=--quick for small sizes.
+# Results: benchmarks/results/ (see benchmarks/README.md).
+bench: $(VENV)/.installed-dev
+	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,1 @@
+"""Benchmarks of the provider against plain baselines; see benchmarks/README.md."""

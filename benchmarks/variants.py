@@ -1,0 +1,249 @@
+"""The ways of scoring the same Parquet with the same model that the benchmarks compare.
+
+``python -m benchmarks.variants NAME '{"input": ..., "output": ..., ...}'`` runs one of them
+in this process and prints ``RESULT {json}``; ``benchmarks.common.run_variant`` does that in a
+child process. The clock starts after the imports that every variant shares (pyarrow, torch,
+and Airflow for the operator, as a task process already has them) and stops when the output is
+complete and Ray is shut down.
+
+- ``plain``: one process, no Ray: pyarrow ``iter_batches``, zero-copy ``torch.from_numpy``,
+  ``torch.inference_mode``, Parquet written with row groups of the operator's size.
+- ``operator``: ``RayBatchInferenceOperator.execute`` (embedded Ray, checkpointed ranges) with
+  the built-in ``TorchPredictor``, i.e. ``run_batch_inference`` as every task runs it.
+- ``handwritten``: Ray's batch inference guide as users write it: ``read_parquet`` ->
+  ``map_batches(class)`` on numpy batches -> ``write_parquet``.
+- ``handwritten_arrow``: the same with pyarrow batches and a zero-copy tensor view, the fastest
+  hand-written Ray Data pipeline we know for this model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from benchmarks.model import FEATURES, MODEL_CLASS, OUTPUTS, load_model
+
+OUTPUT_ROW_GROUP_ROWS = 65_536  # as the operator's writer
+# Arrow buffers are read-only; the model only reads its input, so a zero-copy view is safe.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def features_view(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A (rows, FEATURES) float32 view of a fixed-size list column, without copying."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return array.flatten().to_numpy(zero_copy_only=True).reshape(-1, FEATURES)
+
+
+def logits_column(logits: np.ndarray) -> pa.FixedSizeListArray:
+    return pa.FixedSizeListArray.from_arrays(pa.array(logits.reshape(-1)), OUTPUTS)
+
+
+# --- plain: no Ray ----------------------------------------------------------------------------
+
+
+def plain(p: dict[str, Any]) -> dict[str, Any]:
+    model = load_model(p["weights"], p["threads"])
+    output = Path(p["output"])
+    output.mkdir(parents=True)
+    rows = 0
+    for index, path in enumerate(sorted(Path(p["input"]).glob("*.parquet"))):
+        with pq.ParquetWriter(output / f"part-{index:04d}.parquet", _output_schema()) as writer:
+            pending: list[pa.RecordBatch] = []
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=p["batch_size"], columns=["id", "features"]):
+                x = torch.from_numpy(features_view(batch.column("features")))
+                with torch.inference_mode():
+                    logits = model(x).numpy()
+                pending.append(pa.record_batch([batch.column("id"), logits_column(logits)], schema=_output_schema()))
+                rows += batch.num_rows
+                if sum(b.num_rows for b in pending) >= OUTPUT_ROW_GROUP_ROWS:
+                    writer.write_table(pa.Table.from_batches(pending), row_group_size=OUTPUT_ROW_GROUP_ROWS)
+                    pending = []
+            if pending:
+                writer.write_table(pa.Table.from_batches(pending), row_group_size=OUTPUT_ROW_GROUP_ROWS)
+    return {"rows": rows}
+
+
+def _output_schema() -> pa.Schema:
+    return pa.schema([("id", pa.int64()), ("logits", pa.list_(pa.float32(), OUTPUTS))])
+
+
+# --- the operator -----------------------------------------------------------------------------
+
+
+def operator(p: dict[str, Any]) -> dict[str, Any]:
+    from types import SimpleNamespace
+
+    from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+
+    task = RayBatchInferenceOperator(
+        task_id="score",
+        input_path=p["input"],
+        output_path=p["output"],
+        predictor="airflow_provider_raybatch.predictors.torch:TorchPredictor",
+        predictor_kwargs={
+            "model_class": MODEL_CLASS,
+            "weights_path": p["weights"],
+            "input_column": "features",
+            "output_column": "logits",
+            "num_threads": p["threads"],
+        },
+        batch_size=p["batch_size"],
+        concurrency=p.get("concurrency", 1),
+        num_cpus=p.get("num_cpus", 1),
+        columns=["id", "features"],
+        keep_columns=["id"],
+        id_column="id",
+        rows_per_range=p["rows_per_range"],
+        mode="resume",
+        ray_conn_id=None,  # embedded local Ray, as with no `ray` connection configured
+    )
+    context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1)}
+    if p.get("ray_address"):
+        # An existing cluster: what execute() does once the hook resolved a connection's address.
+        from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+
+        summary = run_batch_inference(task.build_config(context), ray_address=p["ray_address"])
+    else:
+        summary = task.execute(context)
+    return {"rows": summary["rows_processed"], "summary": summary}
+
+
+# --- hand-written Ray Data pipelines ----------------------------------------------------------
+
+
+class GuidePredictor:
+    """As in Ray's batch inference guide: the model built once per actor, numpy batches."""
+
+    def __init__(self, weights_path: str, threads: int):
+        self.model = load_model(weights_path, threads)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # A fixed-size list column arrives as an object array of rows: stack it into a matrix.
+        x = torch.as_tensor(np.stack(batch["features"]))
+        with torch.inference_mode():
+            logits = self.model(x).numpy()
+        return {"id": batch["id"], "logits": logits}
+
+
+class ArrowPredictor:
+    """The same model on pyarrow batches, through a zero-copy view of the feature column."""
+
+    def __init__(self, weights_path: str, threads: int):
+        self.model = load_model(weights_path, threads)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        x = torch.from_numpy(features_view(batch.column("features")))
+        with torch.inference_mode():
+            logits = self.model(x).numpy()
+        return pa.table({"id": batch.column("id"), "logits": logits_column(logits)})
+
+
+def handwritten(p: dict[str, Any], arrow: bool = False) -> dict[str, Any]:
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
+    # Started as the operator starts its embedded Ray, so that start-up costs the same.
+    ray.init(include_dashboard=False, configure_logging=False)
+    try:
+        DataContext.get_current().enable_progress_bars = False
+        ds = ray.data.read_parquet(p["input"], columns=["id", "features"])
+        ds = ds.map_batches(
+            ArrowPredictor if arrow else GuidePredictor,
+            fn_constructor_kwargs={"weights_path": p["weights"], "threads": p["threads"]},
+            batch_size=p["batch_size"],
+            batch_format="pyarrow" if arrow else "numpy",
+            zero_copy_batch=arrow,
+            compute=ActorPoolStrategy(size=1),
+            num_cpus=1,
+        )
+        ds.write_parquet(p["output"])
+    finally:
+        ray.shutdown()
+    rows = sum(pq.read_metadata(f).num_rows for f in Path(p["output"]).glob("*.parquet"))
+    return {"rows": rows}
+
+
+def operator_series(p: dict[str, Any]) -> dict[str, Any]:
+    """Several operator runs (``p["runs"]``: overrides of ``p``) in one embedded Ray, in order.
+
+    Sharing one Ray start removes its 5-9 s of noise from comparisons of pipeline settings.
+    """
+    from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+
+    runs = []
+    with ray_session():
+        for overrides in p["runs"]:
+            run = {**p, **overrides}
+            shutil.rmtree(run["output"], ignore_errors=True)
+            started_at, started = time.time(), time.perf_counter()
+            summary = operator(run)["summary"]
+            runs.append(
+                {
+                    **overrides,
+                    "wall_s": round(time.perf_counter() - started, 3),
+                    "started_at": started_at,
+                    "summary": summary,
+                    "load_avg": os.getloadavg()[0],
+                }
+            )
+    return {"rows": sum(r["summary"]["rows_processed"] for r in runs), "runs": runs}
+
+
+def ray_start(p: dict[str, Any]) -> dict[str, Any]:
+    """Import Ray, start it embedded as the operator does, stop it: the fixed cost's parts."""
+    started = time.perf_counter()
+    import ray
+
+    imported = time.perf_counter()
+    from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+
+    with ray_session():
+        initialised = time.perf_counter()
+    stopped = time.perf_counter()
+    return {
+        "rows": 0,
+        "import_s": round(imported - started, 3),
+        "init_s": round(initialised - imported, 3),
+        "shutdown_s": round(stopped - initialised, 3),
+        "ray_version": ray.__version__,
+    }
+
+
+VARIANTS = {
+    "operator_series": operator_series,
+    "ray_start": ray_start,
+    "plain": plain,
+    "operator": operator,
+    "handwritten": handwritten,
+    "handwritten_arrow": lambda p: handwritten(p, arrow=True),
+}
+
+
+def main(argv: list[str]) -> None:
+    name, params = argv[0], json.loads(argv[1])
+    if params.get("fresh_output", True) and "output" in params:
+        shutil.rmtree(params["output"], ignore_errors=True)
+    if name == "operator":
+        import airflow_provider_raybatch.operators.batch_inference  # noqa: F401 - a task process has it loaded
+    started_at = time.time()
+    started = time.perf_counter()
+    result = VARIANTS[name](params)
+    wall = time.perf_counter() - started
+    result.update(variant=name, wall_s=round(wall, 3), started_at=started_at, pid=os.getpid())
+    result["rows_per_s"] = round(result["rows"] / wall, 1) if wall > 0 else 0.0
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,30 @@
+# Airflow with the raybatch provider, from the official Airflow image.
+# Build from the repository root:
+#   docker build -f docker/airflow.Dockerfile -t raybatch-airflow:0.1.0 .
+ARG AIRFLOW_VERSION=3.3.2
+ARG PYTHON_VERSION=3.11
+FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
+
+ARG AIRFLOW_VERSION
+ARG PYTHON_VERSION
+# Must equal the version in pyproject.toml (tests/test_docker.py checks it; the build checks it too).
+ARG PROVIDER_VERSION=0.1.0
+# torch from PyPI is a CUDA build of several GB; the Airflow side needs the CPU build only
+# (embedded Ray runs on the Airflow worker when no `ray` connection is set). The `+cpu` pin
+# takes it from the CPU index; pyproject.toml allows torch >=2.13,<2.15.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.13.0+cpu
+
+COPY --chown=airflow:0 pyproject.toml README.md /opt/raybatch/
+COPY --chown=airflow:0 airflow_provider_raybatch /opt/raybatch/airflow_provider_raybatch
+COPY --chown=airflow:0 dags /opt/airflow/dags
+
+# Airflow itself is pinned to the image's version and every shared dependency to Airflow's
+# constraints for that version and Python, so installing the provider cannot move them.
+RUN pip install --no-cache-dir \
+        --extra-index-url "${TORCH_INDEX_URL}" \
+        --constraint "https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${PYTHON_VERSION}.txt" \
+        "apache-airflow==${AIRFLOW_VERSION}" \
+        "torch==${TORCH_VERSION}" \
+        "/opt/raybatch[examples]" \
+    && python -c "import importlib.metadata as m, sys; v = m.version('airflow-provider-raybatch'); sys.exit(0 if v == '${PROVIDER_VERSION}' else f'provider {v} != ${PROVIDER_VERSION}')"
