@@ -18,6 +18,7 @@ import pytest
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from benchmarks.common import kill_ray_leftovers
 from tests.data import assert_exactly_once, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -141,7 +142,7 @@ def ray_processes(ray_tmp: str) -> list[str]:
 
 def kill_leftovers(ray_tmp: str) -> None:
     """A SIGKILLed driver cannot stop its Ray; the test cleans up after it."""
-    subprocess.run(["pkill", "-9", "-f", ray_tmp])
+    kill_ray_leftovers(ray_tmp)
 
 
 def test_sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_nothing(tmp_path):
