@@ -69,15 +69,14 @@ def run_batch_inference(
 ) -> dict[str, Any]:
     """Run ``config`` to completion and return its summary (JSON-serialisable).
 
+    Everything that can be checked without Ray is checked first: settings, predictors, input
+    files and columns, the output folder. A finished output returns at once, without Ray.
+
     :param ray_address: None starts an embedded local Ray (unless one is running in this
         process); ``"auto"`` joins the cluster this process runs on (a Ray Job's driver).
     :param namespace: the Ray namespace to join.
-
     :param plan_only: stop after the output is prepared (plan recorded, ``overwrite`` applied)
         and return the ranges instead (see :mod:`~airflow_provider_raybatch.pipeline.partitions`).
-
-    Everything that can be checked without Ray is checked first: settings, predictors, input
-    files and columns, the output folder. A finished output returns at once, without Ray.
     """
     started = time.monotonic()
     config.validate()
