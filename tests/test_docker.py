@@ -16,9 +16,11 @@ import tomllib
 
 import pytest
 import yaml
+from airflow.sdk import Connection
 
 from airflow_provider_raybatch import __version__
 from airflow_provider_raybatch.get_provider_info import get_provider_info
+from airflow_provider_raybatch.hooks.ray import cluster_settings
 from tests.conftest import REPO
 
 DOCKER = REPO / "docker"
@@ -136,15 +138,23 @@ def test_ray_connection_env_matches_the_hook_fields(compose):
     assert ray_env["RAY_AUTH_MODE"] == "token"
     assert conn["password"] == ray_env["RAY_AUTH_TOKEN"] == service_env(compose, "ray-worker")["RAY_AUTH_TOKEN"]
     (ray_type,) = [c for c in get_provider_info()["connection-types"] if c["connection-type"] == "ray"]
-    if "conn-fields" not in ray_type:
-        pytest.skip("the provider declares no conn-fields for `ray` yet (they come with issue 3)")
-    fields = ray_type["conn-fields"]
-    names = set(fields) if isinstance(fields, dict) else {f["name"] for f in fields}
+    names = set(ray_type["conn-fields"])
     assert set(conn["extra"]) <= names, f"extras the `ray` connection does not declare: {set(conn['extra']) - names}"
+    # And the hook reads them as meant.
+    cluster = cluster_settings(
+        Connection(
+            conn_id="ray_default",
+            conn_type="ray",
+            host=conn["host"],
+            password=conn["password"],
+            extra=json.dumps(conn["extra"]),
+        )
+    )
+    assert cluster.address == "http://ray-head:8265" and cluster.namespace == conn["extra"]["namespace"]
 
 
 def test_aws_connection_env_reaches_the_store(compose, monkeypatch):
-    from airflow_provider_raybatch.operators.batch_inference import storage_options
+    from airflow_provider_raybatch.operators.ray_pipeline import storage_options
 
     env = service_env(compose, "airflow-scheduler")
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", env["AIRFLOW_CONN_AWS_DEFAULT"])

@@ -474,13 +474,14 @@ class _Progress:
             rate = self.rows_processed / max(now - self.started, 1e-9)
             done_rows = self.rows_out + self.rows_rejected
             left = self.plan.total_rows - done_rows
+            rejected = f" ({self.rows_rejected} rejected)" if self.rows_rejected else ""
             log.info(
-                "Committed %d/%d ranges, %d/%d rows (%d rejected), %.0f rows/s, about %.0fs left",
+                "Committed %d/%d ranges, %d/%d rows%s, %.0f rows/s, about %.0fs left",
                 self.skipped + self.done,
                 len(self.plan.ranges),
                 done_rows,
                 self.plan.total_rows,
-                self.rows_rejected,
+                rejected,
                 rate,
                 left / rate if rate else 0,
             )

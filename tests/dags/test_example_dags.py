@@ -17,7 +17,13 @@ from tests.conftest import REPO, run_dag
 from tests.data import assert_exactly_once, read_output
 
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
-EXPECTED_DAGS = {"daily_batch_inference", "partitioned_batch_inference", "digits_accuracy_report"}
+EXPECTED_DAGS = {
+    "daily_batch_inference",
+    "partitioned_batch_inference",
+    "digits_accuracy_report",
+    "vlm_caption",
+    "llm_classify",
+}
 #: What would make parsing slow (and what a DAG processor should never import).
 HEAVY_MODULES = ("ray", "torch", "transformers", "vllm", "sklearn", "pyarrow", "pandas")
 
