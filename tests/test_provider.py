@@ -68,3 +68,17 @@ def test_the_ray_connection_form_declares_its_fields_and_secrets():
     assert {name for name, w in fields.items() if w.is_sensitive} == {"headers", "cookies"}
     behaviour = manager.field_behaviours["ray"]
     assert behaviour["relabeling"] == {"host": "Ray dashboard address", "password": "Ray auth token"}
+
+
+def test_the_code_that_runs_on_a_ray_cluster_imports_no_airflow():
+    """A cluster image needs Ray and the models, not the scheduler."""
+    code = """
+import importlib, pkgutil, sys
+import airflow_provider_raybatch.llm, airflow_provider_raybatch.pipeline, airflow_provider_raybatch.predictors
+for package in (airflow_provider_raybatch.llm, airflow_provider_raybatch.pipeline, airflow_provider_raybatch.predictors):
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{package.__name__}.{module.name}")
+print(sorted(m for m in sys.modules if m == "airflow" or m.startswith("airflow.")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
