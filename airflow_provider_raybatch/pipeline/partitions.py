@@ -14,9 +14,7 @@ import logging
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
-from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.planner import Plan, input_changes
+from airflow_provider_raybatch.pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -66,35 +64,3 @@ def partition_range_ids(partition: dict[str, Any]) -> list[str]:
             f"partition must be one item returned by plan_partitions (a dict with 'range_ids'), got {partition!r}"
         )
     return range_ids
-
-
-def open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
-    """Check an output planned by :func:`plan_partitions`; return the partition's committed ranges.
-
-    Never writes the plan nor resets the output (``mode`` was applied by the planning step):
-    tasks of other partitions may be writing to the same folder at the same time.
-    """
-    recorded = ledger.load_plan()
-    if recorded is None:
-        raise ConfigError(
-            f"output {config.output_path!r} has not been planned: run plan_partitions (the planning task) "
-            "on it before the tasks of its partitions"
-        )
-    changes = input_changes(recorded["input"], plan)
-    if changes:
-        raise InputChangedError(
-            f"input {config.input_path!r} changed since the partitions of {config.output_path!r} were planned "
-            f"({changes}); rerun the planning task"
-        )
-    job_diff = sorted(k for k, v in config.job_signature().items() if recorded["job"].get(k) != v)
-    if job_diff:
-        raise ConfigError(
-            f"output {config.output_path!r} was planned with different settings ({', '.join(job_diff)}): "
-            "the planning task and the partitions' tasks must be given the same arguments"
-        )
-    wanted = set(config.range_ids or ())
-    committed = {range_id: r for range_id, r in ledger.committed().items() if range_id in wanted}
-    removed = ledger.remove_uncommitted(committed, config.range_ids)
-    if removed:
-        log.info("Removed %d file(s) of this partition's uncommitted ranges", len(removed))
-    return committed

@@ -28,7 +28,6 @@ from airflow_provider_raybatch.pipeline.errors import (
 )
 from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.partitions import open_partition
 from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
 from airflow_provider_raybatch.pipeline.stages import (
@@ -186,11 +185,10 @@ def _keep_columns(config: BatchInferenceConfig, plan: Plan) -> list[str]:
 def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
     """Check the output folder against the plan and return its committed ranges."""
     if config.range_ids is not None:
-        return open_partition(config, plan, ledger)
+        return _open_partition(config, plan, ledger)
     recorded = ledger.load_plan()
     if recorded is not None:
-        changes = input_changes(recorded["input"], plan)
-        job_diff = sorted(k for k, v in config.job_signature().items() if recorded["job"].get(k) != v)
+        changes, job_diff = _differences(config, plan, recorded)
         same_run = config.run_key is not None and recorded.get("run_key") == config.run_key
         if config.mode == "overwrite" and (changes or job_diff or not same_run):
             log.info("mode='overwrite': removing %s", config.output_path)
@@ -227,10 +225,52 @@ def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger)
         committed: dict[str, dict[str, Any]] = {}
     else:
         committed = ledger.committed()
-    removed = ledger.remove_uncommitted(committed)
+    _remove_uncommitted(ledger, committed, None)
+    return committed
+
+
+def _open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
+    """Check an output planned by ``plan_partitions``; return this partition's committed ranges.
+
+    Never writes the plan nor resets the output (``mode`` was applied by the planning step):
+    tasks of other partitions may be writing to the same folder at the same time.
+    """
+    recorded = ledger.load_plan()
+    if recorded is None:
+        raise ConfigError(
+            f"output {config.output_path!r} has not been planned: run plan_partitions (the planning task) "
+            "on it before the tasks of its partitions"
+        )
+    changes, job_diff = _differences(config, plan, recorded)
+    if changes:
+        raise InputChangedError(
+            f"input {config.input_path!r} changed since the partitions of {config.output_path!r} were planned "
+            f"({changes}); rerun the planning task"
+        )
+    if job_diff:
+        raise ConfigError(
+            f"output {config.output_path!r} was planned with different settings ({', '.join(job_diff)}): "
+            "the planning task and the partitions' tasks must be given the same arguments"
+        )
+    wanted = set(config.range_ids or ())
+    committed = {range_id: r for range_id, r in ledger.committed().items() if range_id in wanted}
+    _remove_uncommitted(ledger, committed, config.range_ids)
+    return committed
+
+
+def _differences(config: BatchInferenceConfig, plan: Plan, recorded: dict[str, Any]) -> tuple[Any, list[str]]:
+    """How the input, and which settings of the job signature, differ from the recorded plan."""
+    changes = input_changes(recorded["input"], plan)
+    job_diff = sorted(k for k, v in config.job_signature().items() if recorded["job"].get(k) != v)
+    return changes, job_diff
+
+
+def _remove_uncommitted(
+    ledger: OutputLedger, committed: dict[str, dict[str, Any]], range_ids: list[str] | None
+) -> None:
+    removed = ledger.remove_uncommitted(committed, range_ids)
     if removed:
         log.info("Removed %d file(s) of uncommitted ranges", len(removed))
-    return committed
 
 
 def _commit_empty_range(
