@@ -12,10 +12,13 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
+
+if TYPE_CHECKING:
+    from airflow_provider_raybatch.hooks.ray import RayClusterSettings
 
 ACTIVE = ("PENDING", "RUNNING")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -40,25 +43,6 @@ class JobInfo:
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
-
-
-@dataclass(frozen=True)
-class RayClusterSettings:
-    """Where and how to reach a cluster's Jobs API; the secrets are kept out of ``repr``."""
-
-    address: str
-    verify: bool = True
-    headers: dict[str, str] = field(default_factory=dict, repr=False)
-    cookies: dict[str, str] = field(default_factory=dict, repr=False)
-    runtime_env: dict[str, Any] = field(default_factory=dict, repr=False)
-    entrypoint_num_cpus: float | None = None
-    entrypoint_num_gpus: float | None = None
-    entrypoint_memory: int | None = None
-    namespace: str | None = None
-    timeout_s: float = 10.0
-
-    def job_url(self, submission_id: str) -> str:
-        return f"{self.address}/#/jobs/{submission_id}"
 
 
 class RayJobsClient:

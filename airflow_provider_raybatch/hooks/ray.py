@@ -2,18 +2,39 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowException, AirflowNotFoundException
 
-from airflow_provider_raybatch.hooks.jobs_client import RayClusterSettings, RayJobsClient, RayJobsError, run_sync
+if TYPE_CHECKING:
+    # The client (aiohttp) is imported where it is used: DAG files importing operators stay light.
+    from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient
 
 #: Seconds the connection form's Test button waits for the cluster.
 TEST_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class RayClusterSettings:
+    """Where and how to reach a cluster's Jobs API; the secrets are kept out of ``repr``."""
+
+    address: str
+    verify: bool = True
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    cookies: dict[str, str] = field(default_factory=dict, repr=False)
+    runtime_env: dict[str, Any] = field(default_factory=dict, repr=False)
+    entrypoint_num_cpus: float | None = None
+    entrypoint_num_gpus: float | None = None
+    entrypoint_memory: int | None = None
+    namespace: str | None = None
+    timeout_s: float = 10.0
+
+    def job_url(self, submission_id: str) -> str:
+        return f"{self.address}/#/jobs/{submission_id}"
 
 
 class RayHook(BaseHook):
@@ -57,15 +78,19 @@ class RayHook(BaseHook):
         return cluster_settings(await self.aget_connection(self.ray_conn_id))
 
     def get_conn(self) -> RayJobsClient:
+        from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient
+
         if self.cluster is None:
             raise AirflowException(f"connection {self.ray_conn_id!r} names no Ray cluster (no host)")
         return RayJobsClient(self.cluster)
 
     def test_connection(self) -> tuple[bool, str]:
         """Reach the cluster and report its Ray version and resources (the UI's Test button)."""
+        from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, RayJobsError, run_sync
+
         try:
             # The UI waits on this answer: a shorter timeout than the jobs' calls.
-            client = RayJobsClient(dataclasses.replace(self.get_conn().settings, timeout_s=TEST_TIMEOUT_S))
+            client = RayJobsClient(replace(self.get_conn().settings, timeout_s=TEST_TIMEOUT_S))
             version, nodes = run_sync(_describe(client))
         except (AirflowException, RayJobsError, ValueError) as e:
             return False, str(e)

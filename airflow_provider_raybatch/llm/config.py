@@ -170,12 +170,10 @@ def validate(task: ChatTask, engine: EngineConfig) -> None:
                 f"(supported: {list(TRANSFORMERS_SAMPLING)})"
             )
     if engine.engine == "vllm" and engine.num_gpus is not None:
-        parallel = engine.engine_kwargs.get("tensor_parallel_size", 1) * engine.engine_kwargs.get(
-            "pipeline_parallel_size", 1
-        )
+        parallel = engine.gpus_per_replica()
         if engine.num_gpus != parallel:
             raise ConfigError(
-                f"engine='vllm' uses tensor_parallel_size x pipeline_parallel_size = {parallel} GPU(s) per replica; "
+                f"engine='vllm' uses tensor_parallel_size x pipeline_parallel_size = {parallel:g} GPU(s) per replica; "
                 f"num_gpus={engine.num_gpus:g} disagrees (leave num_gpus unset, or set engine_kwargs)"
             )
     if engine.engine == "openai" and not engine.base_url:

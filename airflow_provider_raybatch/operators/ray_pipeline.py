@@ -19,16 +19,7 @@ from airflow.sdk import Asset, BaseHook, BaseOperator
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
-from airflow_provider_raybatch.hooks.jobs_client import (
-    ACTIVE,
-    JobAlreadyExists,
-    RayClusterSettings,
-    RayJobsClient,
-    RayJobsError,
-    run_sync,
-    wait_for_job,
-)
-from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.hooks.ray import RayClusterSettings, RayHook
 from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
 from airflow_provider_raybatch.operators.assets import attach_summary, resolve_asset
 from airflow_provider_raybatch.operators.lineage import operator_lineage
@@ -39,6 +30,8 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, T
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_provider_raybatch.hooks.jobs_client import JobInfo, RayJobsClient
 
 #: task_state_store key: the attempt number of the task's current Ray job (kept across tries).
 JOB_ATTEMPT_KEY = "ray_job_attempt"
@@ -181,14 +174,23 @@ class RayPipelineOperator(BaseOperator):
         return self._done(context, summary)
 
     def _run_on_cluster(self, context: Context, config: BatchInferenceConfig, cluster: RayClusterSettings) -> Any:
+        # Imported here, not at module level: DAG files that import this operator stay light.
+        from airflow_provider_raybatch.hooks.jobs_client import (
+            ACTIVE,
+            RayJobsClient,
+            RayJobsError,
+            run_sync,
+            wait_for_job,
+        )
+
         try:
             config.validate()
-            config.to_spec()
+            spec = config.to_spec()
         except ConfigError as e:
             raise AirflowFailException(str(e)) from e
         client = RayJobsClient(cluster)
         try:
-            info = run_sync(self._find_or_submit(context, client, config))
+            info = run_sync(self._find_or_submit(context, client, spec))
         except RayJobsError as e:
             raise AirflowException(str(e)) from e
         context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=cluster.job_url(self.submission_id))
@@ -218,7 +220,7 @@ class RayPipelineOperator(BaseOperator):
                 )
             except RayJobsError as e:
                 raise AirflowException(str(e)) from e
-        return self._job_result(context, info.status, info.message, info.driver_exit_code)
+        return self._job_result(context, config, info)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Resume after the trigger fired: the job ended, timed out, or could not be followed."""
@@ -227,21 +229,27 @@ class RayPipelineOperator(BaseOperator):
             raise AirflowTaskTimeout(f"{event['message']}; the job was stopped")
         if event["status"] == "ERROR":
             raise AirflowException(event["message"])
-        return self._job_result(context, event["status"], event.get("message", ""), event.get("driver_exit_code"))
+        from airflow_provider_raybatch.hooks.jobs_client import JobInfo
+
+        info = JobInfo(self.submission_id, event["status"], event.get("message", ""), event.get("driver_exit_code"))
+        return self._job_result(context, self.build_config(context), info)
 
     def on_kill(self) -> None:
         """The task was killed or marked failed: stop its Ray job (stop, not delete: its log stays)."""
+        from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, run_sync
+
         cluster = self.hook.cluster if self.submission_id else None
         if cluster is not None and run_sync(RayJobsClient(cluster).stop(self.submission_id)):
             self.log.info("Stopped Ray job %s", self.submission_id)
 
-    async def _find_or_submit(self, context: Context, client: RayJobsClient, config: BatchInferenceConfig) -> Any:
+    async def _find_or_submit(self, context: Context, client: RayJobsClient, spec: dict[str, Any]) -> JobInfo | None:
         """Find this task's live or finished job, or submit the next one; returns its info (None if new).
 
         Ids form a chain ``<prefix>-0, -1, ...``; a new id is used only after the previous job
         ended without success. The attempt reached is kept in the task state store; walking the
         chain from it finds a job whose submission was not recorded (the worker died in between).
         """
+        from airflow_provider_raybatch.hooks.jobs_client import ACTIVE, JobAlreadyExists
         from airflow_provider_raybatch.pipeline.job import entrypoint
 
         ti = context["ti"]
@@ -263,7 +271,7 @@ class RayPipelineOperator(BaseOperator):
                 try:
                     await client.submit(
                         self.submission_id,
-                        entrypoint(config, self.submission_id, client.settings.namespace),
+                        entrypoint(spec, self.submission_id, client.settings.namespace),
                         metadata,
                     )
                 except JobAlreadyExists:
@@ -291,21 +299,22 @@ class RayPipelineOperator(BaseOperator):
         started = context["ti"].start_date
         return (started.timestamp() if started else time.time()) + self.execution_timeout.total_seconds()
 
-    def _job_result(self, context: Context, status: str, message: str, exit_code: int | None) -> dict[str, Any]:
+    def _job_result(self, context: Context, config: BatchInferenceConfig, info: JobInfo) -> dict[str, Any]:
         from airflow_provider_raybatch.pipeline.job import ERROR_PREFIX, SETTINGS_ERROR_EXIT
         from airflow_provider_raybatch.pipeline.runner import read_job_summary
 
-        sid = self.submission_id
-        if status == "SUCCEEDED":
-            summary = read_job_summary(self.build_config(context), sid)
+        sid = info.submission_id
+        if info.status == "SUCCEEDED":
+            summary = read_job_summary(config, sid)
             if summary is None:
-                raise AirflowException(f"Ray job {sid} succeeded but left no summary in {self.output_path!r}")
+                raise AirflowException(f"Ray job {sid} succeeded but left no summary in {config.output_path!r}")
             summary["ray_submission_id"] = sid
             return self._done(context, summary)
-        if status == "FAILED" and exit_code == SETTINGS_ERROR_EXIT:
-            errors = [line[len(ERROR_PREFIX) :] for line in message.splitlines() if line.startswith(ERROR_PREFIX)]
-            raise AirflowFailException(errors[-1] if errors else message)
-        raise AirflowException(f"Ray job {sid} ended {status}: {message}")
+        if info.status == "FAILED" and info.driver_exit_code == SETTINGS_ERROR_EXIT:
+            lines = info.message.splitlines()
+            errors = [line.removeprefix(ERROR_PREFIX) for line in lines if line.startswith(ERROR_PREFIX)]
+            raise AirflowFailException(errors[-1] if errors else info.message)
+        raise AirflowException(f"Ray job {sid} ended {info.status}: {info.message}")
 
     def _done(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
         self.log.info("Batch inference summary: %s", summary)

@@ -23,8 +23,9 @@ SETTINGS_ERROR_EXIT = 3
 ERROR_PREFIX = "raybatch error: "
 
 
-def entrypoint(config: BatchInferenceConfig, submission_id: str, namespace: str | None) -> str:
-    spec = {"submission_id": submission_id, "namespace": namespace, "config": config.to_spec()}
+def entrypoint(config_spec: dict[str, Any], submission_id: str, namespace: str | None) -> str:
+    """The job's command line, for :meth:`BatchInferenceConfig.to_spec` output."""
+    spec = {"submission_id": submission_id, "namespace": namespace, "config": config_spec}
     return f"python -m airflow_provider_raybatch.pipeline.job {shlex.quote(json.dumps(spec, sort_keys=True))}"
 
 

@@ -112,18 +112,17 @@ class StageWorker:
         bad = [c for c in result.column_names if c.startswith(INTERNAL_PREFIX) and c not in REJECT_COLUMNS]
         if bad:
             raise StageError(f"stage {self.name!r} returned internal column(s) {bad}; rename them")
+        outputs = result.drop_columns([c for c in REJECT_COLUMNS if c in result.column_names])
         if REJECT_COLUMN not in result.column_names:
-            return result.drop_columns([c for c in REJECT_COLUMNS if c in result.column_names]), None, None
+            return outputs, None, None
         try:
             reasons = result.column(REJECT_COLUMN).cast(pa.string())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise StageError(f"stage {self.name!r}: {REJECT_COLUMN} must hold reason strings or None: {e}") from e
+        kinds: Any = ENGINE_ERROR
         if REJECT_KIND_COLUMN in result.column_names:
-            kinds = result.column(REJECT_KIND_COLUMN).cast(pa.string())
-            kinds = pc.if_else(pc.is_valid(reasons), pc.coalesce(kinds, ENGINE_ERROR), pa.scalar(None, pa.string()))
-        else:
-            kinds = pc.if_else(pc.is_valid(reasons), ENGINE_ERROR, pa.scalar(None, pa.string()))
-        return result.drop_columns([c for c in REJECT_COLUMNS if c in result.column_names]), reasons, kinds
+            kinds = pc.coalesce(result.column(REJECT_KIND_COLUMN).cast(pa.string()), ENGINE_ERROR)
+        return outputs, reasons, pc.if_else(pc.is_valid(reasons), kinds, pa.scalar(None, pa.string()))
 
 
 def split_rejected(table: pa.Table) -> tuple[pa.Table, pa.Table]:

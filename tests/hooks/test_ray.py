@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from airflow_provider_raybatch.hooks.jobs_client import RayClusterSettings, RayJobsClient, RayJobsError, run_sync
-from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, RayJobsError, run_sync
+from airflow_provider_raybatch.hooks.ray import RayClusterSettings, RayHook
 from tests.conftest import free_port
 
 
