@@ -113,7 +113,7 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         # An existing cluster: what execute() does once the hook resolved a connection's address.
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 
-        summary = run_batch_inference(task.build_config(context), ray_address=p["ray_address"])
+        summary = run_batch_inference(task.build_config(context), ray_address=p["ray_address"]).to_dict()
     else:
         summary = task.execute(context)
     return {"rows": summary["rows_processed"], "summary": summary}

@@ -69,9 +69,9 @@ with DAG(
 
     @task(outlets=[PREDICTIONS])
     def publish(summaries, outlet_events=None) -> dict:
-        from airflow_provider_raybatch.operators.partitions import combine_summaries
+        from airflow_provider_raybatch.pipeline.summary import RunSummary
 
-        combined = combine_summaries(summaries)
+        combined = RunSummary.combine(summaries).to_dict()
         outlet_events[PREDICTIONS].extra.update(combined)
         return combined
 

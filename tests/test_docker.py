@@ -154,7 +154,7 @@ def test_ray_connection_env_matches_the_hook_fields(compose):
 
 
 def test_aws_connection_env_reaches_the_store(compose, monkeypatch):
-    from airflow_provider_raybatch.operators.ray_pipeline import storage_options
+    from airflow_provider_raybatch.credentials import storage_options
 
     env = service_env(compose, "airflow-scheduler")
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", env["AIRFLOW_CONN_AWS_DEFAULT"])

@@ -15,23 +15,23 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import Asset, BaseHook, BaseOperator
+from airflow.sdk import Asset, BaseOperator
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
+from airflow_provider_raybatch.assets import attach_summary, resolve_asset
+from airflow_provider_raybatch.credentials import storage_options
 from airflow_provider_raybatch.hooks.ray import RayClusterSettings, RayHook
+from airflow_provider_raybatch.lineage import operator_lineage
 from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
-from airflow_provider_raybatch.operators.assets import attach_summary, resolve_asset
-from airflow_provider_raybatch.operators.lineage import operator_lineage
-from airflow_provider_raybatch.operators.params import check_paths
-from airflow_provider_raybatch.operators.partitions import run_plan_partitions
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
-from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, TooManyErrorsError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_raybatch.hooks.jobs_client import JobInfo, RayJobsClient
+    from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 #: task_state_store key: the attempt number of the task's current Ray job (kept across tries).
 JOB_ATTEMPT_KEY = "ray_job_attempt"
@@ -131,10 +131,10 @@ class RayPipelineOperator(BaseOperator):
         raise NotImplementedError
 
     def build_config(self, context: Context) -> BatchInferenceConfig:
-        from airflow_provider_raybatch.pipeline.partitions import partition_range_ids
+        from airflow_provider_raybatch.pipeline.partitions import Partition
 
         ti = context["ti"]
-        check_paths(input_path=self.input_path, output_path=self.output_path)
+        _check_paths(input_path=self.input_path, output_path=self.output_path)
         return BatchInferenceConfig(
             input_path=self.input_path,
             output_path=self.output_path,
@@ -147,31 +147,37 @@ class RayPipelineOperator(BaseOperator):
             run_key=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}",
             storage_options=storage_options(self.aws_conn_id),
             max_rows=self.max_rows,
-            range_ids=None if self.partition is None else partition_range_ids(self.partition),
+            range_ids=None if self.partition is None else Partition.from_dict(self.partition).range_ids,
         )
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
-        if self.plan_partitions is not None:
-            return run_plan_partitions(self, context)
         try:
+            if self.plan_partitions is not None:
+                return self._plan_partitions(context)
             config = self.build_config(context)
-            cluster = self.hook.cluster
-        except (ConfigError, ValueError) as e:
-            # Bad settings: a retry would fail the same way, so fail without retrying.
+            try:
+                cluster = self.hook.cluster
+            except ValueError as e:  # a malformed connection
+                raise ConfigError(str(e)) from e
+            if cluster is None:
+                return self._run_embedded(context, config)
+            return self._run_on_cluster(context, config, cluster)
+        except NotRetryableError as e:
+            # Bad settings or input, or committed engine errors: a retry would fail the same way.
             raise AirflowFailException(str(e)) from e
-        if cluster is None:
-            return self._run_embedded(context, config)
-        return self._run_on_cluster(context, config, cluster)
+
+    def _plan_partitions(self, context: Context) -> list[dict[str, Any]]:
+        """The planning task of a mapped run: check everything, prepare the output, return the partitions."""
+        from airflow_provider_raybatch.pipeline.partitions import plan_partitions
+
+        partitions = plan_partitions(self.build_config(context), self.plan_partitions)
+        self.log.info("Partitions: %s", [(p.index, len(p.range_ids), p.rows) for p in partitions])
+        return [p.to_dict() for p in partitions]
 
     def _run_embedded(self, context: Context, config: BatchInferenceConfig) -> dict[str, Any]:
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 
-        try:
-            summary = run_batch_inference(config)
-        except (ConfigError, InputError, TooManyErrorsError) as e:
-            # A retry would fail the same way (engine errors, once committed, are counted again).
-            raise AirflowFailException(str(e)) from e
-        return self._done(context, summary)
+        return self._done(context, run_batch_inference(config))
 
     def _run_on_cluster(self, context: Context, config: BatchInferenceConfig, cluster: RayClusterSettings) -> Any:
         # Imported here, not at module level: DAG files that import this operator stay light.
@@ -183,11 +189,8 @@ class RayPipelineOperator(BaseOperator):
             wait_for_job,
         )
 
-        try:
-            config.validate()
-            spec = config.to_spec()
-        except ConfigError as e:
-            raise AirflowFailException(str(e)) from e
+        config.validate()
+        spec = config.to_spec()
         client = RayJobsClient(cluster)
         try:
             info = run_sync(self._find_or_submit(context, client, spec))
@@ -300,26 +303,25 @@ class RayPipelineOperator(BaseOperator):
         return (started.timestamp() if started else time.time()) + self.execution_timeout.total_seconds()
 
     def _job_result(self, context: Context, config: BatchInferenceConfig, info: JobInfo) -> dict[str, Any]:
-        from airflow_provider_raybatch.pipeline.job import ERROR_PREFIX, SETTINGS_ERROR_EXIT
-        from airflow_provider_raybatch.pipeline.runner import read_job_summary
+        from airflow_provider_raybatch.pipeline.job import ERROR_PREFIX, NOT_RETRYABLE_EXIT, read_job_summary
 
         sid = info.submission_id
         if info.status == "SUCCEEDED":
             summary = read_job_summary(config, sid)
             if summary is None:
                 raise AirflowException(f"Ray job {sid} succeeded but left no summary in {config.output_path!r}")
-            summary["ray_submission_id"] = sid
             return self._done(context, summary)
-        if info.status == "FAILED" and info.driver_exit_code == SETTINGS_ERROR_EXIT:
+        if info.status == "FAILED" and info.driver_exit_code == NOT_RETRYABLE_EXIT:
             lines = info.message.splitlines()
             errors = [line.removeprefix(ERROR_PREFIX) for line in lines if line.startswith(ERROR_PREFIX)]
             raise AirflowFailException(errors[-1] if errors else info.message)
         raise AirflowException(f"Ray job {sid} ended {info.status}: {info.message}")
 
-    def _done(self, context: Context, summary: dict[str, Any]) -> dict[str, Any]:
-        self.log.info("Batch inference summary: %s", summary)
-        attach_summary(context, self.asset, summary)
-        return summary
+    def _done(self, context: Context, summary: RunSummary) -> dict[str, Any]:
+        result = summary.to_dict()
+        self.log.info("Batch inference summary: %s", result)
+        attach_summary(context, self.asset, result)
+        return result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The input and output folders as OpenLineage datasets (None without the OpenLineage provider)."""
@@ -333,18 +335,15 @@ def submission_id_prefix(dag_id: str, run_id: str, task_id: str, map_index: int)
     return f"raybatch-{readable}-{digest}"
 
 
-def storage_options(aws_conn_id: str | None) -> dict[str, Any]:
-    """fsspec (s3fs) options from an Airflow AWS connection; empty: s3fs reads the environment."""
-    if aws_conn_id is None:
-        return {}
-    conn = BaseHook.get_connection(aws_conn_id)
-    extra = conn.extra_dejson
-    options: dict[str, Any] = {}
-    client_kwargs = {k: extra[k] for k in ("endpoint_url", "region_name") if extra.get(k)}
-    if client_kwargs:
-        options["client_kwargs"] = client_kwargs
-    if conn.login:
-        options.update(key=conn.login, secret=conn.password)
-    if extra.get("aws_session_token"):
-        options["token"] = extra["aws_session_token"]
-    return options
+def _check_paths(**paths: object) -> None:
+    """Each path must be absolute (``/data/in``) or a URL (``s3://bucket/in``): a relative path would
+    depend on the worker's current folder.
+
+    A DAG's ``Param`` schemas refuse bad values when a run is triggered; values that arrive another
+    way (a DAG without schemas, a template, ``dag.test()``) are checked here, before any Ray work.
+    """
+    for name, value in paths.items():
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{name} must be a non-empty path, got {value!r}")
+        if not (value.startswith("/") or "://" in value):
+            raise ConfigError(f"{name} must be an absolute path or a URL such as s3://bucket/prefix, got {value!r}")

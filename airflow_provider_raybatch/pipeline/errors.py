@@ -5,11 +5,19 @@ class RayBatchError(Exception):
     """Base class of the provider's own errors."""
 
 
-class ConfigError(RayBatchError):
+class NotRetryableError(RayBatchError):
+    """Retrying cannot help: the same settings, input or committed output would fail the same way.
+
+    The operator fails such a task without retries; a Ray Job exits with
+    :data:`~airflow_provider_raybatch.pipeline.job.NOT_RETRYABLE_EXIT`.
+    """
+
+
+class ConfigError(NotRetryableError):
     """A setting is invalid (paths, predictor, resources); raised before any model loads."""
 
 
-class InputError(RayBatchError):
+class InputError(NotRetryableError):
     """The input cannot be read as asked: missing path, unreadable file, missing column."""
 
 
@@ -21,7 +29,7 @@ class StageError(RayBatchError):
     """A stage returned something that cannot be written (wrong type or row count)."""
 
 
-class TooManyErrorsError(RayBatchError):
+class TooManyErrorsError(NotRetryableError):
     """More rows failed in a model than ``max_error_fraction`` allows.
 
     The failed rows are committed to the rejects with their errors, so a retry of the same

@@ -21,16 +21,37 @@ from __future__ import annotations
 import posixpath
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.faults import crash_point
-from airflow_provider_raybatch.pipeline.storage import read_json, write_json
+from airflow_provider_raybatch.pipeline.storage import read_json, resolve, write_json
 
 META_DIR = "_raybatch"
 REJECTS_DIR = "_rejects"
+#: The layout version this code writes, and the newest it reads.
 PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """``_raybatch/plan.json``: what an output was planned on, checked by every later run.
+
+    :param input_path: the input as the user gave it.
+    :param input: the planned files and ranges (:meth:`Plan.describe`).
+    :param job: the job signature (:meth:`BatchInferenceConfig.job_signature`).
+    :param run_key: the run that planned it (``mode="overwrite"`` applies once per run key).
+    :param version: the layout version of the output.
+    """
+
+    input_path: str
+    input: dict[str, Any]
+    job: dict[str, Any]
+    run_key: str | None
+    version: int = PLAN_VERSION
 
 
 class OutputLedger:
@@ -46,6 +67,12 @@ class OutputLedger:
         self.tmp_dir = f"{self.meta}/tmp"
         self.rejects_dir = f"{root}/{REJECTS_DIR}"
 
+    @classmethod
+    def open(cls, output_path: str, storage_options: dict[str, Any] | None = None) -> OutputLedger:
+        """The ledger of the output folder ``output_path`` (local or a URL)."""
+        fs, path = resolve(output_path, storage_options)
+        return cls(fs, path, output_path)
+
     def data_file(self, range_id: str) -> str:
         return f"{self.root}/part-{range_id}.parquet"
 
@@ -56,11 +83,22 @@ class OutputLedger:
         self.fs.makedirs(self.tmp_dir, exist_ok=True)
         return f"{self.tmp_dir}/part-{range_id}.{uuid.uuid4().hex}.parquet"
 
-    def load_plan(self) -> dict[str, Any] | None:
-        return read_json(self.fs, self.plan_path) if self.fs.exists(self.plan_path) else None
+    def load_plan(self) -> PlanRecord | None:
+        """The recorded plan; an output written by a newer, incompatible layout is refused."""
+        if not self.fs.exists(self.plan_path):
+            return None
+        data = read_json(self.fs, self.plan_path)
+        version = data.get("version")
+        if not isinstance(version, int) or version > PLAN_VERSION:
+            raise ConfigError(
+                f"output {self.display_path!r} was written by a newer version of airflow-provider-raybatch "
+                f"(layout version {version!r}; this version reads up to {PLAN_VERSION}): upgrade the provider "
+                "where the pipeline runs, or write to another output path"
+            )
+        return PlanRecord(**data)
 
-    def write_plan(self, plan: dict[str, Any]) -> None:
-        write_json(self.fs, self.plan_path, {"version": PLAN_VERSION, **plan})
+    def write_plan(self, plan: PlanRecord) -> None:
+        write_json(self.fs, self.plan_path, asdict(plan))
 
     def job_summary_path(self, submission_id: str) -> str:
         return f"{self.meta}/jobs/{submission_id}.json"

@@ -62,8 +62,8 @@ def test_vlm_captions_every_valid_image_and_rejects_corrupt_ones(tmp_path, tiny_
     assert sorted(by_id) == sorted(CORRUPT)
     for i, (_, reason) in CORRUPT.items():
         assert by_id[i]["reason"].startswith(reason) and by_id[i]["kind"] == "invalid_input"
-    assert summary["rows_out"] == len(valid) and summary["rows_rejected"] == len(CORRUPT)
-    assert summary["engine_errors"] == 0
+    assert summary.rows_out == len(valid) and summary.rows_rejected == len(CORRUPT)
+    assert summary.engine_errors == 0
 
 
 def test_choices_every_answer_is_a_member_and_too_long_prompts_are_engine_errors(tmp_path, tiny_models):
@@ -95,7 +95,7 @@ def test_choices_every_answer_is_a_member_and_too_long_prompts_are_engine_errors
     assert answers["industry"].null_count == 0
     assert sorted(rejects["id"].to_pylist()) == [7, 150] and set(rejects["kind"].to_pylist()) == {"engine_error"}
     assert "exceeds max_model_len=512" in rejects["reason"][0].as_py()
-    assert summary["engine_errors"] == 2  # 2 of 300: within the default 1 %
+    assert summary.engine_errors == 2  # 2 of 300: within the default 1 %
     # Rerun on the same output with a stricter limit: the committed errors count, deterministically.
     cfg.max_error_fraction = 0.005
     with pytest.raises(TooManyErrorsError, match=r"2 of 300 rows that reached a model failed"):
@@ -106,7 +106,7 @@ SPEC_SCRIPT = """
 import json, sys
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-print("SUMMARY " + json.dumps(run_batch_inference(BatchInferenceConfig.from_spec(json.loads(sys.argv[1])))))
+print("SUMMARY " + json.dumps(run_batch_inference(BatchInferenceConfig.from_spec(json.loads(sys.argv[1]))).to_dict()))
 """
 
 
@@ -132,7 +132,7 @@ def test_a_killed_first_try_resumes_exactly_once_from_the_json_spec(tmp_path, ti
     published = {str(p.relative_to(out)) for p in [*out.glob("part-*"), *out.glob("_rejects/part-*")]}
     assert committed < published  # the uncommitted files (output and rejects) are removed on resume
     summary = run_batch_inference(cfg)
-    assert summary["ranges_skipped"] == 1 and summary["rows_processed"] == 30
+    assert summary.ranges_skipped == 1 and summary.rows_processed == 30
     captions, rejects = read_parts(out)
     ids = captions["id"].to_pylist() + rejects["id"].to_pylist()
     assert sorted(ids) == list(range(40)) and sorted(captions["id"].to_pylist()) == valid

@@ -11,8 +11,8 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_provider_raybatch.credentials import storage_options
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
-from airflow_provider_raybatch.operators.ray_pipeline import storage_options
 from airflow_provider_raybatch.pipeline import Stage
 from tests.conftest import run_dag
 from tests.data import assert_exactly_once, features_table, read_output, write_input

@@ -13,9 +13,9 @@ import pytest
 from airflow.sdk import DAG, Asset, task
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_raybatch.operators.assets import default_asset
+from airflow_provider_raybatch.assets import default_asset
+from airflow_provider_raybatch.lineage import dataset_name
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
-from airflow_provider_raybatch.operators.lineage import dataset_name
 from tests.conftest import REPO, run_dag
 from tests.data import assert_exactly_once, read_output, write_input
 
@@ -154,9 +154,9 @@ def test_mapped_partitions_write_exactly_what_one_task_writes(tmp_path):
 
         @task
         def combine(summaries):
-            from airflow_provider_raybatch.operators.partitions import combine_summaries
+            from airflow_provider_raybatch.pipeline.summary import RunSummary
 
-            return combine_summaries(summaries)
+            return RunSummary.combine(summaries).to_dict()
 
         combine(mapped.output)
 

@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.partitions import partition_range_ids, plan_partitions
+from airflow_provider_raybatch.pipeline.partitions import Partition, plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.storage import resolve
 from tests.data import assert_exactly_once, features_table, read_output, write_input
@@ -30,16 +30,16 @@ def test_partitions_together_write_what_one_run_writes(tmp_path):
 
     mapped = config(tmp_path, output_path=str(tmp_path / "mapped"))
     partitions = plan_partitions(mapped, 3)
-    assert [p["index"] for p in partitions] == [0, 1, 2] and {p["count"] for p in partitions} == {3}
-    assert sum(p["rows"] for p in partitions) == 770
-    ids = [i for p in partitions for i in p["range_ids"]]
-    assert len(ids) == len(set(ids)) == whole["ranges_total"]  # each range in exactly one partition
+    assert [p.index for p in partitions] == [0, 1, 2] and {p.count for p in partitions} == {3}
+    assert sum(p.rows for p in partitions) == 770
+    ids = [i for p in partitions for i in p.range_ids]
+    assert len(ids) == len(set(ids)) == whole.ranges_total  # each range in exactly one partition
     assert plan_partitions(mapped, 3) == partitions  # deterministic: a rerun maps the same way
     assert commit_count(tmp_path / "mapped") == 0  # planning runs nothing
 
-    summaries = [run_batch_inference(dataclasses.replace(mapped, range_ids=partition_range_ids(p))) for p in partitions]
-    assert [s["ranges_total"] for s in summaries] == [len(p["range_ids"]) for p in partitions]
-    assert sum(s["rows_out"] for s in summaries) == 770
+    summaries = [run_batch_inference(dataclasses.replace(mapped, range_ids=p.range_ids)) for p in partitions]
+    assert [s.ranges_total for s in summaries] == [len(p.range_ids) for p in partitions]
+    assert sum(s.rows_out for s in summaries) == 770
 
     assert part_files(tmp_path / "mapped") == part_files(tmp_path / "whole")
     one, many = read_output(tmp_path / "whole").sort_by("id"), read_output(tmp_path / "mapped").sort_by("id")
@@ -53,18 +53,18 @@ def test_a_partition_touches_only_its_own_ranges(tmp_path):
     first, second = plan_partitions(cfg, 2)
     ledger = OutputLedger(*resolve(str(tmp_path / "out")), str(tmp_path / "out"))
     # Another partition's task is writing a range right now, and left an uncommitted file.
-    in_flight = Path(ledger.tmp_file(second["range_ids"][0]))
+    in_flight = Path(ledger.tmp_file(second.range_ids[0]))
     in_flight.write_bytes(b"being written")
-    stale_own = Path(ledger.tmp_file(first["range_ids"][0]))
+    stale_own = Path(ledger.tmp_file(first.range_ids[0]))
     stale_own.write_bytes(b"left by a killed try of this partition")
 
-    summary = run_batch_inference(dataclasses.replace(cfg, range_ids=first["range_ids"]))
-    assert summary["ranges_done"] == 3 and summary["rows_processed"] == 300
+    summary = run_batch_inference(dataclasses.replace(cfg, range_ids=first.range_ids))
+    assert summary.ranges_done == 3 and summary.rows_processed == 300
     assert in_flight.exists() and not stale_own.exists()
     # A retry of the partition resumes; the plan is never rewritten nor the output reset.
     plan_before = (tmp_path / "out" / "_raybatch" / "plan.json").read_text()
-    again = run_batch_inference(dataclasses.replace(cfg, range_ids=first["range_ids"], mode="overwrite"))
-    assert again["ranges_skipped"] == 3 and again["ranges_done"] == 0
+    again = run_batch_inference(dataclasses.replace(cfg, range_ids=first.range_ids, mode="overwrite"))
+    assert again.ranges_skipped == 3 and again.ranges_done == 0
     assert (tmp_path / "out" / "_raybatch" / "plan.json").read_text() == plan_before
     assert commit_count(tmp_path / "out") == 3
 
@@ -77,15 +77,13 @@ def test_partitions_need_a_planned_output_with_the_same_input_and_settings(tmp_p
     (partition,) = plan_partitions(cfg, 1)
     with pytest.raises(ConfigError, match=r"planned with different settings \(stages\)"):
         run_batch_inference(
-            dataclasses.replace(
-                config(tmp_path, predictor="tests.predictors:SlowScore"), range_ids=partition["range_ids"]
-            )
+            dataclasses.replace(config(tmp_path, predictor="tests.predictors:SlowScore"), range_ids=partition.range_ids)
         )
     with pytest.raises(Exception, match="not in the input's plan"):
         run_batch_inference(dataclasses.replace(cfg, range_ids=["nope-0-1"]))
     write_input(tmp_path / "in", [300, 10])
     with pytest.raises(InputChangedError, match="rerun the planning task"):
-        run_batch_inference(dataclasses.replace(cfg, range_ids=partition["range_ids"]))
+        run_batch_inference(dataclasses.replace(cfg, range_ids=partition.range_ids))
 
 
 def test_plan_partitions_checks_its_arguments(tmp_path):
@@ -93,27 +91,27 @@ def test_plan_partitions_checks_its_arguments(tmp_path):
     with pytest.raises(ConfigError, match="partitions must be an integer >= 1"):
         plan_partitions(config(tmp_path), 0)
     with pytest.raises(ConfigError, match="partition must be one item returned by plan_partitions"):
-        partition_range_ids({"index": 0})
+        Partition.from_dict({"index": 0})
     # More partitions than ranges: one range each.
-    assert [len(p["range_ids"]) for p in plan_partitions(config(tmp_path, rows_per_range=50), 5)] == [1, 1]
+    assert [len(p.range_ids) for p in plan_partitions(config(tmp_path, rows_per_range=50), 5)] == [1, 1]
 
 
 def test_max_rows_processes_the_first_rows_once_and_is_part_of_the_job(tmp_path):
     write_input(tmp_path / "in", [250, 250])
     smoke = run_batch_inference(config(tmp_path, max_rows=230))
-    assert smoke["rows_in"] == smoke["rows_out"] == 230 and smoke["ranges_total"] == 3
+    assert smoke.rows_in == smoke.rows_out == 230 and smoke.ranges_total == 3
     out = read_output(tmp_path / "out")
     assert_exactly_once(out, range(230))
     expected = features_table(250, 0)["features"].combine_chunks().flatten().to_numpy().reshape(-1, 8)[:230]
     assert np.allclose(out.sort_by("id")["score"].to_numpy(), expected.sum(axis=1), rtol=1e-5)
-    assert run_batch_inference(config(tmp_path, max_rows=230))["ranges_skipped"] == 3
+    assert run_batch_inference(config(tmp_path, max_rows=230)).ranges_skipped == 3
     # A full run never completes (or mixes with) a smoke run's output.
     with pytest.raises(ConfigError, match=r"different settings \(max_rows\)"):
         run_batch_inference(config(tmp_path))
     with pytest.raises(ConfigError, match="max_rows must be an integer >= 1"):
         run_batch_inference(config(tmp_path, output_path=str(tmp_path / "o2"), max_rows=0))
     # More rows asked than there are: the whole input.
-    assert run_batch_inference(config(tmp_path, output_path=str(tmp_path / "o3"), max_rows=10**6))["rows_out"] == 500
+    assert run_batch_inference(config(tmp_path, output_path=str(tmp_path / "o3"), max_rows=10**6)).rows_out == 500
 
 
 def test_an_armed_crash_fires_once(tmp_path, monkeypatch):
@@ -123,7 +121,7 @@ def test_an_armed_crash_fires_once(tmp_path, monkeypatch):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     # Not armed (no file): the crash point is inert, in this very process.
-    assert run_batch_inference(config(tmp_path))["ranges_done"] == 4
+    assert run_batch_inference(config(tmp_path)).ranges_done == 4
     for record in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json"):
         record.unlink()  # forget the commits: every range runs again
 
@@ -134,5 +132,5 @@ def test_an_armed_crash_fires_once(tmp_path, monkeypatch):
     assert not armed.exists() and commit_count(tmp_path / "out") == 1
     # Fired, so disarmed: the retry runs through and resumes.
     summary = run_batch_inference(config(tmp_path))
-    assert summary["ranges_skipped"] == 1 and summary["ranges_done"] == 3
+    assert summary.ranges_skipped == 1 and summary.ranges_done == 3
     assert_exactly_once(read_output(tmp_path / "out"), range(400))

@@ -50,15 +50,15 @@ def test_rejected_rows_go_to_rejects_with_reason_and_skip_later_stages(tmp_path)
     assert by_id[7] == {"id": 7, "group": "g1", "reason": "id 7 is invalid", "kind": "invalid_input"}
     assert by_id[200]["kind"] == "engine_error" and by_id[200]["reason"] == "model failed on id 200"
     assert_once_across(out, range(380))
-    assert summary["rows_out"] == 380 - len(invalid) - 2 and summary["rows_rejected"] == len(invalid) + 2
-    assert summary["engine_errors"] == 2 and summary["rows_processed"] == 380
+    assert summary.rows_out == 380 - len(invalid) - 2 and summary.rows_rejected == len(invalid) + 2
+    assert summary.engine_errors == 2 and summary.rows_processed == 380
     # Each commit record names both files of its range.
     record = json.loads((out / "_raybatch" / "commits" / f"{accepted_range_id(out)}.json").read_text())
     assert sorted(record["files"]) == [
         f"_rejects/part-{record['range_id']}.parquet",
         f"part-{record['range_id']}.parquet",
     ]
-    assert run_batch_inference(cfg)["rows_rejected"] == len(invalid) + 2  # a rerun counts the committed rejects
+    assert run_batch_inference(cfg).rows_rejected == len(invalid) + 2  # a rerun counts the committed rejects
 
 
 def accepted_range_id(out) -> str:
@@ -69,7 +69,7 @@ def test_too_many_engine_errors_fail_the_run_and_its_reruns(tmp_path):
     write_input(tmp_path / "in", [300])
     # 3 errors among 300 rows that reached the model: 1 % is allowed, 0.5 % is not.
     errors = {"error_ids": [11, 151, 291], "invalid_every": 50}
-    assert run_batch_inference(reject_config(tmp_path, errors, max_error_fraction=0.011))["engine_errors"] == 3
+    assert run_batch_inference(reject_config(tmp_path, errors, max_error_fraction=0.011)).engine_errors == 3
     with pytest.raises(
         TooManyErrorsError, match=r"3 of 294 rows that reached a model failed .*max_error_fraction=0.005"
     ):
@@ -94,7 +94,7 @@ def test_a_transform_stage_keeps_internal_columns_and_skips_rejects(tmp_path):
     summary = run_batch_inference(reject_config(tmp_path, {"invalid_every": 10}, then=then, keep_columns=["group"]))
     out = pq.read_table(str(tmp_path / "out")).sort_by("id")
     assert set(out.column_names) == {"id", "group", "score", "doubled"}
-    assert out.num_rows == 180 and summary["rows_rejected"] == 20
+    assert out.num_rows == 180 and summary.rows_rejected == 20
     assert out["doubled"].to_pylist() == [2 * s for s in out["score"].to_pylist()]
     assert_once_across(tmp_path / "out", range(200))
 

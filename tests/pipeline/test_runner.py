@@ -18,6 +18,7 @@ import pytest
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.summary import RunSummary
 from benchmarks.common import kill_ray_leftovers
 from tests.data import assert_exactly_once, features_table, read_output, write_input
 
@@ -55,8 +56,8 @@ def test_output_holds_kept_columns_and_predictions_once(tmp_path):
     ]
     expected = np.concatenate(features).reshape(-1, 8).sum(axis=1)
     assert np.allclose(out.sort_by("id")["score"].to_numpy(), expected, rtol=1e-5)
-    assert summary["rows_in"] == summary["rows_out"] == summary["rows_processed"] == 380
-    assert summary["ranges_total"] == summary["ranges_done"] == 5 and summary["ranges_skipped"] == 0
+    assert summary.rows_in == summary.rows_out == summary.rows_processed == 380
+    assert summary.ranges_total == summary.ranges_done == 5 and summary.ranges_skipped == 0
     # Bookkeeping stays under _raybatch/: Ray Data reads exactly the committed rows too.
     import ray
 
@@ -68,9 +69,9 @@ def test_rerun_of_a_finished_output_is_a_fast_no_op(tmp_path):
     first = run_batch_inference(config(tmp_path))
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
     again = run_batch_inference(config(tmp_path))
-    assert (again["rows_in"], again["rows_out"], again["ranges_total"]) == (first["rows_in"], first["rows_out"], 3)
-    assert again["ranges_skipped"] == 3 and again["ranges_done"] == 0 and again["rows_processed"] == 0
-    assert again["seconds"] < first["seconds"]
+    assert (again.rows_in, again.rows_out, again.ranges_total) == (first.rows_in, first.rows_out, 3)
+    assert again.ranges_skipped == 3 and again.ranges_done == 0 and again.rows_processed == 0
+    assert again.seconds < first.seconds
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == files
 
 
@@ -99,8 +100,8 @@ def test_failed_first_try_resumes_from_committed_ranges(tmp_path):
     assert 0 < committed_after_failure < 10
     marker.unlink()
     summary = run_batch_inference(cfg)
-    assert summary["ranges_skipped"] == committed_after_failure
-    assert summary["rows_processed"] == 1000 - 100 * committed_after_failure
+    assert summary.ranges_skipped == committed_after_failure
+    assert summary.rows_processed == 1000 - 100 * committed_after_failure
     assert_exactly_once(read_output(tmp_path / "out"), range(1000))
 
 
@@ -111,7 +112,7 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 cfg = BatchInferenceConfig(sys.argv[1], sys.argv[2], [Stage(sys.argv[3], json.loads(sys.argv[4]), batch_size=100)],
                            id_column="id", rows_per_range=100)
-print("SUMMARY " + json.dumps(run_batch_inference(cfg)))
+print("SUMMARY " + json.dumps(run_batch_inference(cfg).to_dict()))
 """
 
 
@@ -154,7 +155,7 @@ def test_sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_
     assert commit_count(out) == 2
     assert len(list(out.glob("part-*.parquet"))) == 3  # the third file is in place, uncommitted
     summary = run_batch_inference(config(tmp_path))
-    assert summary["ranges_skipped"] == 2 and summary["rows_processed"] == 600
+    assert summary.ranges_skipped == 2 and summary.rows_processed == 600
     assert_exactly_once(read_output(out), range(800))
 
 
@@ -177,9 +178,9 @@ def test_killed_process_resumes_and_embedded_ray_leaves_no_process(tmp_path):
 
     resumed = run_in_subprocess(tmp_path, "tests.predictors:SlowScore", slow)
     assert resumed.returncode == 0, resumed.output
-    summary = json.loads(resumed.output.split("SUMMARY ", 1)[1].splitlines()[0])
-    assert summary["ranges_skipped"] == committed
-    assert summary["rows_processed"] == 1500 - 100 * committed
+    summary = RunSummary.from_dict(json.loads(resumed.output.split("SUMMARY ", 1)[1].splitlines()[0]))
+    assert summary.ranges_skipped == committed
+    assert summary.rows_processed == 1500 - 100 * committed
     assert_exactly_once(read_output(out), range(1500))
     time.sleep(2)
     assert ray_processes(resumed.ray_tmp) == []
@@ -192,11 +193,11 @@ def test_overwrite_starts_afresh_once_per_run(tmp_path):
     pq.write_table(features_table(3, 9000), stale)  # a leftover that no commit names
 
     again = run_batch_inference(config(tmp_path, mode="overwrite", run_key="run-1"))
-    assert again["ranges_done"] == 3 and not stale.exists()
+    assert again.ranges_done == 3 and not stale.exists()
     retry = run_batch_inference(config(tmp_path, mode="overwrite", run_key="run-1"))
-    assert retry["ranges_skipped"] == 3  # a retry of the same run resumes
+    assert retry.ranges_skipped == 3  # a retry of the same run resumes
     later = run_batch_inference(config(tmp_path, mode="overwrite", run_key="run-2"))
-    assert later["ranges_done"] == 3
+    assert later.ranges_done == 3
     assert_exactly_once(read_output(tmp_path / "out"), range(300))
 
 
@@ -207,7 +208,7 @@ def test_changed_input_is_refused_unless_overwriting(tmp_path):
     with pytest.raises(InputChangedError, match=r"changed since .* \(added: part-2.parquet\).*mode='overwrite'"):
         run_batch_inference(config(tmp_path))
     summary = run_batch_inference(config(tmp_path, mode="overwrite"))
-    assert summary["rows_out"] == 400
+    assert summary.rows_out == 400
     assert_exactly_once(read_output(tmp_path / "out"), range(400))
 
 
@@ -223,7 +224,7 @@ def test_changed_settings_are_refused(tmp_path):
 def test_empty_input_files_commit_an_empty_readable_output(tmp_path):
     write_input(tmp_path / "in", [0, 0])
     summary = run_batch_inference(config(tmp_path, keep_columns=["group"]))
-    assert summary["rows_out"] == 0 and summary["ranges_total"] == 2 and summary["ranges_done"] == 2
+    assert summary.rows_out == 0 and summary.ranges_total == 2 and summary.ranges_done == 2
     assert commit_count(tmp_path / "out") == 2
     out = read_output(tmp_path / "out")
     assert out.num_rows == 0 and out.column_names == ["id", "group"]
@@ -304,9 +305,23 @@ def test_s3_input_and_output_through_a_real_s3_protocol(tmp_path, s3_server):
         tmp_path, input_path="s3://raybatch-test/in/", output_path="s3://raybatch-test/out/", storage_options=s3_server
     )
     summary = run_batch_inference(cfg)
-    assert summary["rows_out"] == 250
+    assert summary.rows_out == 250
     fs.invalidate_cache()
     assert not any(p.rsplit("/", 1)[-1].startswith("part-") for p in fs.ls("raybatch-test/out/_raybatch"))
     out = pq.read_table("raybatch-test/out", filesystem=fs)
     assert_exactly_once(out, range(250))
-    assert run_batch_inference(cfg)["ranges_skipped"] == summary["ranges_total"]
+    assert run_batch_inference(cfg).ranges_skipped == summary.ranges_total
+
+
+def test_an_output_of_a_newer_layout_is_refused_and_left_alone(tmp_path):
+    write_input(tmp_path / "in", [200])
+    run_batch_inference(config(tmp_path))
+    plan_file = tmp_path / "out" / "_raybatch" / "plan.json"
+    plan_file.write_text(json.dumps({**json.loads(plan_file.read_text()), "version": 99}))
+    before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*"))
+    for mode in ("resume", "overwrite"):
+        with pytest.raises(
+            ConfigError, match=r"written by a newer version .* \(layout version 99; this version reads up to 1\)"
+        ):
+            run_batch_inference(config(tmp_path, mode=mode))
+    assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*")) == before

@@ -1,0 +1,180 @@
+"""Everything a run checks and prepares before Ray starts: settings, the input's plan, the output folder.
+
+Running (:mod:`.runner`) and planning the partitions of a mapped run (:mod:`.partitions`) both
+start here, so an output is always prepared the same way: the plan recorded (or checked against
+the recorded one), ``mode="overwrite"`` applied once per run, the committed ranges read, and the
+files of uncommitted ranges removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from fsspec import AbstractFileSystem
+
+from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
+from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger, PlanRecord
+from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
+from airflow_provider_raybatch.pipeline.stages import resolve_predictor
+from airflow_provider_raybatch.pipeline.storage import is_within, resolve, same_filesystem, static_prefix
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedRun:
+    """A run ready to start: what is left to do is ``plan``'s ranges not in ``committed``.
+
+    :param plan: the input's plan (limited by ``max_rows``; restricted to ``range_ids`` for a partition).
+    :param ledger: the output's bookkeeping.
+    :param committed: range id -> commit record of the ranges (of the partition) already committed.
+    :param keep: input columns carried to the output (the row key first).
+    :param in_fs: the input's filesystem.
+    """
+
+    plan: Plan
+    ledger: OutputLedger
+    committed: dict[str, dict[str, Any]]
+    keep: list[str]
+    in_fs: AbstractFileSystem
+
+
+def prepare(config: BatchInferenceConfig) -> PreparedRun:
+    """Check ``config`` against its input and output and prepare the output; nothing runs on Ray.
+
+    Raises :class:`ConfigError` / :class:`InputError` (naming the setting, path or column at
+    fault) before anything is written.
+    """
+    config.validate()
+    for stage in config.stages:
+        resolve_predictor(stage)
+    in_fs, in_path = resolve(config.input_path, config.storage_options)
+    out_fs, out_path = resolve(config.output_path, config.storage_options)
+    for fs in (in_fs, out_fs):
+        fs.invalidate_cache()  # listings cached by an earlier run in this process may be stale
+    in_root = static_prefix(in_path)
+    if same_filesystem(in_fs, out_fs) and (is_within(out_path, in_root) or is_within(in_root, out_path)):
+        raise ConfigError(
+            f"output path {config.output_path!r} overlaps input path {config.input_path!r}: "
+            "the output would be read back as input; choose a folder outside the input"
+        )
+    plan = limit_rows(
+        plan_input(in_fs, in_path, config.input_path, config.columns, config.rows_per_range), config.max_rows
+    )
+    keep = _keep_columns(config, plan)
+    missing = [c for c in config.stages[0].input_columns or [] if c not in plan.schema.names]
+    if missing:
+        raise InputError(
+            f"stage {config.stages[0].display_name!r} reads column(s) {missing}, which the input does not have; "
+            f"columns read: {plan.schema.names}"
+        )
+    ledger = OutputLedger(out_fs, out_path, config.output_path)
+    if config.range_ids is None:
+        committed = _open_output(config, plan, ledger)
+    else:
+        committed = _open_partition(config, plan, ledger)
+        plan = select_ranges(plan, config.range_ids)
+    return PreparedRun(plan, ledger, committed, keep, in_fs)
+
+
+def _keep_columns(config: BatchInferenceConfig, plan: Plan) -> list[str]:
+    names = plan.schema.names
+    keep = list(names if config.keep_columns is None else config.keep_columns)
+    if config.id_column is not None:
+        if config.id_column not in names:
+            raise InputError(f"id_column {config.id_column!r} is not an input column; columns read: {names}")
+        if config.id_column not in keep:
+            keep.insert(0, config.id_column)
+    elif ROW_ID_COLUMN in names:
+        raise InputError(
+            f"the input already has a column {ROW_ID_COLUMN!r}; pass id_column={ROW_ID_COLUMN!r} to use it"
+        )
+    missing = [c for c in keep if c not in names]
+    if missing:
+        raise InputError(f"keep_columns {missing} are not input columns; columns read: {names}")
+    return keep
+
+
+def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
+    """Check the output folder against the plan (recording it if new) and return its committed ranges."""
+    recorded = ledger.load_plan()
+    if recorded is not None:
+        changes, job_diff = _differences(config, plan, recorded)
+        same_run = config.run_key is not None and recorded.run_key == config.run_key
+        if config.mode == "overwrite" and (changes or job_diff or not same_run):
+            log.info("mode='overwrite': removing %s", config.output_path)
+            ledger.reset()
+            recorded = None
+        elif changes:
+            raise InputChangedError(
+                f"input {config.input_path!r} changed since the ranges of {config.output_path!r} were planned "
+                f"({changes}). Results from the old and new input would be mixed; "
+                "rerun with mode='overwrite' to start afresh."
+            )
+        elif job_diff:
+            raise ConfigError(
+                f"output {config.output_path!r} was started with different settings ({', '.join(job_diff)}); "
+                "mixing results is refused. Use mode='overwrite' or another output path."
+            )
+    elif config.mode == "resume" and (foreign := ledger.foreign_entries()):
+        raise ConfigError(
+            f"output path {config.output_path!r} is not empty and was not written by raybatch "
+            f"(found {foreign[:5]}); choose an empty folder or mode='overwrite'"
+        )
+    elif config.mode == "overwrite":
+        ledger.reset()
+
+    if recorded is None:
+        ledger.write_plan(PlanRecord(config.input_path, plan.describe(), config.job_signature(), config.run_key))
+        committed: dict[str, dict[str, Any]] = {}
+    else:
+        committed = ledger.committed()
+    _remove_uncommitted(ledger, committed, None)
+    return committed
+
+
+def _open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
+    """Check an output planned by ``plan_partitions``; return this partition's committed ranges.
+
+    Never writes the plan nor resets the output (``mode`` was applied by the planning step):
+    tasks of other partitions may be writing to the same folder at the same time.
+    """
+    recorded = ledger.load_plan()
+    if recorded is None:
+        raise ConfigError(
+            f"output {config.output_path!r} has not been planned: run plan_partitions (the planning task) "
+            "on it before the tasks of its partitions"
+        )
+    changes, job_diff = _differences(config, plan, recorded)
+    if changes:
+        raise InputChangedError(
+            f"input {config.input_path!r} changed since the partitions of {config.output_path!r} were planned "
+            f"({changes}); rerun the planning task"
+        )
+    if job_diff:
+        raise ConfigError(
+            f"output {config.output_path!r} was planned with different settings ({', '.join(job_diff)}): "
+            "the planning task and the partitions' tasks must be given the same arguments"
+        )
+    wanted = set(config.range_ids or ())
+    committed = {range_id: r for range_id, r in ledger.committed().items() if range_id in wanted}
+    _remove_uncommitted(ledger, committed, config.range_ids)
+    return committed
+
+
+def _differences(config: BatchInferenceConfig, plan: Plan, recorded: PlanRecord) -> tuple[str, list[str]]:
+    """How the input, and which settings of the job signature, differ from the recorded plan."""
+    changes = input_changes(recorded.input, plan)
+    job_diff = sorted(k for k, v in config.job_signature().items() if recorded.job.get(k) != v)
+    return changes, job_diff
+
+
+def _remove_uncommitted(
+    ledger: OutputLedger, committed: dict[str, dict[str, Any]], range_ids: list[str] | None
+) -> None:
+    removed = ledger.remove_uncommitted(committed, range_ids)
+    if removed:
+        log.info("Removed %d file(s) of uncommitted ranges", len(removed))

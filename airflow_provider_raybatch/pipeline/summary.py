@@ -1,0 +1,154 @@
+"""What a run did: the :class:`RunSummary` returned to XCom, and the :class:`Progress` that counts it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from airflow_provider_raybatch.pipeline.errors import TooManyErrorsError
+from airflow_provider_raybatch.pipeline.planner import Plan
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The counts of one run (or, combined, of the partitions of a mapped run); JSON as a dict.
+
+    :param rows_in: rows of the input (of the partition's ranges, for a partition).
+    :param rows_out: rows in the output's committed part files.
+    :param rows_rejected: rows in the rejects (invalid input and engine errors).
+    :param engine_errors: rejected rows that failed in a model.
+    :param rows_processed: rows this run processed (committed ranges skipped are not counted).
+    :param ranges_total: ranges of the plan (of the partition).
+    :param ranges_done: ranges this run committed.
+    :param ranges_skipped: ranges committed by an earlier run.
+    :param seconds: the run's duration.
+    :param partitions: how many partition summaries were combined (None for one run).
+    :param ray_submission_id: the Ray Job that ran it, on a cluster.
+    """
+
+    output_path: str
+    rows_in: int = 0
+    rows_out: int = 0
+    rows_rejected: int = 0
+    engine_errors: int = 0
+    rows_processed: int = 0
+    ranges_total: int = 0
+    ranges_done: int = 0
+    ranges_skipped: int = 0
+    seconds: float = 0.0
+    partitions: int | None = None
+    ray_submission_id: str | None = None
+
+    @property
+    def rows_per_second(self) -> float:
+        return round(self.rows_processed / self.seconds, 1) if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The XCom / asset-event form; optional fields appear only when set."""
+        data = {k: v for k, v in asdict(self).items() if v is not None}
+        data["seconds"] = round(self.seconds, 3)
+        data["rows_per_second"] = self.rows_per_second
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @classmethod
+    def combine(cls, summaries: Iterable[RunSummary | Mapping[str, Any]]) -> RunSummary:
+        """One summary for the partitions of a mapped run (their XCom dicts or summaries).
+
+        Counts add up; partitions run side by side, so the slowest one is the run's duration.
+        """
+        parts = [s if isinstance(s, RunSummary) else cls.from_dict(s) for s in summaries]
+        # Every count field, so that a count added later is combined too.
+        counts = [f.name for f in fields(cls) if f.type == "int"]
+        return cls(
+            output_path=parts[0].output_path if parts else "",
+            **{name: sum(getattr(p, name) for p in parts) for name in counts},
+            seconds=max((p.seconds for p in parts), default=0.0),
+            partitions=len(parts),
+        )
+
+
+class Progress:
+    """Counts committed ranges and logs progress at most every PROGRESS_INTERVAL_S seconds."""
+
+    def __init__(self, plan: Plan, committed: Mapping[str, Mapping[str, Any]]):
+        self.plan = plan
+        self.started = time.monotonic()
+        self.last_log = self.started
+        self.skipped = len(committed)
+        self.rows_out = sum(r["rows"] for r in committed.values())
+        self.rows_rejected = sum(r.get("rejected", 0) for r in committed.values())
+        self.engine_errors = sum(r.get("engine_errors", 0) for r in committed.values())
+        self.done = 0
+        self.rows_processed = 0
+
+    @property
+    def rows_reached(self) -> int:
+        """Rows that reached a model: written, or rejected with an engine error."""
+        return self.rows_out + self.engine_errors
+
+    def committed(self, index: int, rows: int | None = None, rejected: int = 0, engine_errors: int = 0) -> None:
+        rows = self.plan.ranges[index].rows if rows is None else rows
+        self.done += 1
+        self.rows_processed += rows + rejected
+        self.rows_out += rows
+        self.rows_rejected += rejected
+        self.engine_errors += engine_errors
+        now = time.monotonic()
+        if now - self.last_log >= PROGRESS_INTERVAL_S or self.skipped + self.done == len(self.plan.ranges):
+            self.last_log = now
+            rate = self.rows_processed / max(now - self.started, 1e-9)
+            done_rows = self.rows_out + self.rows_rejected
+            left = self.plan.total_rows - done_rows
+            rejected = f" ({self.rows_rejected} rejected)" if self.rows_rejected else ""
+            log.info(
+                "Committed %d/%d ranges, %d/%d rows%s, %.0f rows/s, about %.0fs left",
+                self.skipped + self.done,
+                len(self.plan.ranges),
+                done_rows,
+                self.plan.total_rows,
+                rejected,
+                rate,
+                left / rate if rate else 0,
+            )
+
+    def check_errors(self, max_error_fraction: float, output_path: str, *, final: bool) -> None:
+        """Fail when more rows failed in a model than ``max_error_fraction`` allows, over the whole output.
+
+        Before the end (``final=False``) it fails only once the errors alone exceed the fraction of
+        every planned row: past that, the remaining rows cannot bring the share back under it.
+        """
+        reached = self.rows_reached
+        bound = reached if final else self.plan.total_rows
+        if self.engine_errors and self.engine_errors > max_error_fraction * bound:
+            raise TooManyErrorsError(
+                f"{self.engine_errors} of {reached} rows that reached a model failed "
+                f"({self.engine_errors / max(reached, 1):.1%}), more than max_error_fraction={max_error_fraction:g}; "
+                f"the errors are in {output_path.rstrip('/')}/_rejects/. A retry would count the same committed "
+                "errors: fix the cause and rerun with mode='overwrite'."
+            )
+
+    def summary(self, output_path: str, seconds: float) -> RunSummary:
+        return RunSummary(
+            output_path=output_path,
+            rows_in=self.plan.total_rows,
+            rows_out=self.rows_out,
+            rows_rejected=self.rows_rejected,
+            engine_errors=self.engine_errors,
+            rows_processed=self.rows_processed,
+            ranges_total=len(self.plan.ranges),
+            ranges_done=self.done,
+            ranges_skipped=self.skipped,
+            seconds=seconds,
+        )

@@ -1,0 +1,73 @@
+"""RunSummary: the XCom form, and combining the partitions of a mapped run."""
+
+from __future__ import annotations
+
+from airflow_provider_raybatch.pipeline.summary import RunSummary
+
+
+def test_the_xcom_form_has_the_documented_keys_and_round_trips():
+    summary = RunSummary(
+        "/out", rows_in=10, rows_out=8, rows_rejected=2, engine_errors=1, rows_processed=10, seconds=2.0
+    )
+    data = summary.to_dict()
+    assert set(data) == {
+        "output_path",
+        "rows_in",
+        "rows_out",
+        "rows_rejected",
+        "engine_errors",
+        "rows_processed",
+        "ranges_total",
+        "ranges_done",
+        "ranges_skipped",
+        "seconds",
+        "rows_per_second",
+    }
+    assert data["rows_per_second"] == 5.0
+    assert RunSummary.from_dict(data) == summary
+    assert RunSummary.from_dict({**data, "ray_submission_id": "j-0"}).to_dict()["ray_submission_id"] == "j-0"
+
+
+def test_combining_partitions_adds_every_count_and_keeps_the_slowest_time():
+    parts = [
+        RunSummary(
+            "/out",
+            rows_in=5,
+            rows_out=4,
+            rows_rejected=1,
+            engine_errors=1,
+            rows_processed=5,
+            ranges_total=1,
+            ranges_done=1,
+            seconds=3.0,
+        ),
+        {
+            "output_path": "/out",
+            "rows_in": 7,
+            "rows_out": 5,
+            "rows_rejected": 2,
+            "engine_errors": 0,
+            "rows_processed": 7,
+            "ranges_total": 2,
+            "ranges_done": 1,
+            "ranges_skipped": 1,
+            "seconds": 1.0,
+            "rows_per_second": 7.0,
+            "ray_submission_id": "j-1",
+        },
+    ]
+    combined = RunSummary.combine(parts)
+    assert combined == RunSummary(
+        "/out",
+        rows_in=12,
+        rows_out=9,
+        rows_rejected=3,
+        engine_errors=1,
+        rows_processed=12,
+        ranges_total=3,
+        ranges_done=2,
+        ranges_skipped=1,
+        seconds=3.0,
+        partitions=2,
+    )
+    assert combined.to_dict()["rows_per_second"] == 4.0
