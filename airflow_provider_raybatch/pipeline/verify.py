@@ -1,0 +1,72 @@
+"""Check a finished output against its ledger: ``python -m airflow_provider_raybatch verify <output_path>``.
+
+What a reader of the output relies on: every committed file is there with the rows its record
+names, no part file is there without a record, every planned range is committed, and the row
+key is unique over the output and its rejects (each input row written exactly once).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections import Counter
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN
+from airflow_provider_raybatch.pipeline.ledger import REJECTS_DIR, OutputLedger
+
+#: Faults listed per kind before the rest are counted.
+SHOWN = 5
+
+
+def verify_output(output_path: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """The faults of a finished output (empty when it is complete and consistent)."""
+    ledger = OutputLedger.open(output_path, storage_options)
+    fs = ledger.fs
+    fs.invalidate_cache()
+    plan = ledger.load_plan()
+    if plan is None:
+        return [f"{output_path}: no {posixpath.relpath(ledger.plan_path, ledger.root)}: not an output of this provider"]
+    committed = ledger.committed()
+    faults: list[str] = []
+
+    planned = [r["id"] for r in plan.input["ranges"]]
+    missing = [r for r in planned if r not in committed]
+    _add(faults, "planned range(s) not committed", missing)
+    _add(faults, "commit record(s) of ranges not in the plan", sorted(set(committed) - set(planned)))
+
+    recorded_files = {}  # relative path -> rows its record names
+    for record in committed.values():
+        for name in record["files"]:
+            recorded_files[name] = record.get("rejected", 0) if name.startswith(f"{REJECTS_DIR}/") else record["rows"]
+    present = {
+        posixpath.relpath(p, ledger.root)
+        for folder in (ledger.root, ledger.rejects_dir)
+        if fs.isdir(folder)
+        for p in fs.ls(folder, detail=False)
+        if posixpath.basename(p).startswith("part-")
+    }
+    _add(faults, "committed file(s) missing", sorted(set(recorded_files) - present))
+    _add(faults, "part file(s) without a commit record", sorted(present - set(recorded_files)))
+
+    id_column = plan.job.get("id_column") or ROW_ID_COLUMN
+    wrong_rows, ids = [], []
+    for name in sorted(set(recorded_files) & present):
+        with fs.open(f"{ledger.root}/{name}", "rb") as f:
+            parquet = pq.ParquetFile(f)
+            rows = parquet.metadata.num_rows
+            if rows:
+                ids.extend(parquet.read(columns=[id_column]).column(id_column).to_pylist())
+        if rows != recorded_files[name]:
+            wrong_rows.append(f"{name} ({rows} rows, recorded {recorded_files[name]})")
+    _add(faults, "file(s) whose rows differ from their record", wrong_rows)
+    duplicated = sorted((i for i, n in Counter(ids).items() if n > 1), key=repr)
+    _add(faults, f"{id_column} value(s) written more than once", [repr(i) for i in duplicated])
+    return faults
+
+
+def _add(faults: list[str], what: str, items: list[str]) -> None:
+    if items:
+        more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
+        faults.append(f"{len(items)} {what}: {', '.join(items[:SHOWN])}{more}")
