@@ -7,7 +7,8 @@ the producer's paths again.
 
 from __future__ import annotations
 
-from datetime import datetime
+import os
+from datetime import datetime, timedelta
 
 from airflow.sdk import Asset, dag, get_current_context, task
 
@@ -22,6 +23,11 @@ PREDICTIONS = Asset(name="daily_digits_predictions", uri="x-raybatch://daily_bat
     schedule=[PREDICTIONS],
     start_date=datetime(2026, 11, 1),
     catchup=False,
+    default_args={
+        "retries": 2,
+        # Tests shorten the delay (read when the DAG is parsed).
+        "retry_delay": timedelta(seconds=float(os.environ.get("RAYBATCH_RETRY_DELAY_S", "30"))),
+    },
     tags=["raybatch", "example"],
 )
 def digits_accuracy_report():

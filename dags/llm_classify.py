@@ -13,28 +13,59 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, Param
 
 from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInferenceOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
 INDUSTRIES = ["Technology", "Finance", "Healthcare", "Retail", "Energy"]
+#: Each event's extra is the run's summary, with the rendered output path.
+COMPANY_INDUSTRIES = Asset(name="company_industries", uri="x-raybatch://llm_classify/industries")
+#: An absolute local path or an s3:// prefix: a relative path would depend on the worker's folder.
+PATH_PATTERN = r"^(/|s3://[^/{}]+)[^{}]*$"
 
 with DAG(
     dag_id="llm_classify",
     description="Classify companies into industries with a chat model on Ray Data",
+    doc_md=__doc__,
     schedule=None,
     start_date=datetime(2026, 11, 1),
     catchup=False,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
-    render_template_as_native_obj=True,
+    default_args={
+        "retries": 2,
+        # Tests shorten the delay (read when the DAG is parsed).
+        "retry_delay": timedelta(seconds=float(os.environ.get("RAYBATCH_RETRY_DELAY_S", "30"))),
+    },
+    render_template_as_native_obj=True,  # lists, numbers and dicts from params stay what they are
     params={
-        "data_root": Param(DEFAULT_ROOT, type="string", minLength=1, description="holds companies/ and industries/"),
-        "engine": Param("transformers", enum=["transformers", "vllm", "openai"]),
-        "model": Param("", type="string", description="model id or folder; empty: the demo's tiny Qwen2"),
-        "choices": Param(INDUSTRIES, type="array", minItems=1, items={"type": "string"}),
-        "batch_size": Param(64, type="integer", minimum=1),
-        "engine_kwargs": Param({}, type="object"),
+        "data_root": Param(
+            DEFAULT_ROOT,
+            type="string",
+            pattern=PATH_PATTERN,
+            description="Absolute folder or s3:// prefix holding companies/, industries/ and models/",
+        ),
+        "engine": Param(
+            "transformers",
+            type="string",
+            enum=["transformers", "vllm", "openai"],
+            description="transformers (CPU or GPU), vllm (GPU cluster) or openai (an OpenAI-compatible endpoint)",
+        ),
+        "model": Param(
+            None,
+            type=["null", "string"],
+            description="Model id (e.g. Qwen/Qwen2.5-0.5B-Instruct) or folder; empty: the demo's tiny Qwen2 "
+            "under <data_root>/models/",
+        ),
+        "choices": Param(
+            INDUSTRIES,
+            type="array",
+            minItems=1,
+            uniqueItems=True,
+            items={"type": "string", "minLength": 1},
+            description="The industries: every answer is exactly one of them",
+        ),
+        "batch_size": Param(64, type="integer", minimum=1, maximum=4096, description="Companies per engine call"),
+        "engine_kwargs": Param({}, type="object", description='Engine settings, e.g. {"max_model_len": 4096} for vLLM'),
     },
     tags=["raybatch", "example", "llm"],
 ) as dag:
@@ -54,4 +85,5 @@ with DAG(
         keep_columns=["Company", "true_industry"],
         id_column="id",
         rows_per_range=100,
+        asset=COMPANY_INDUSTRIES,
     )

@@ -18,7 +18,10 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
+#: Published once per run by ``publish``, after every partition; its extra is the combined summary.
 PREDICTIONS = Asset(name="partitioned_digits_predictions", uri="x-raybatch://partitioned_batch_inference/predictions")
+#: An absolute local path or an s3:// prefix: a relative path would depend on the worker's folder.
+PATH_PATTERN = r"^(/|s3://[^/{}]+)[^{}]*$"
 
 with DAG(
     dag_id="partitioned_batch_inference",
@@ -30,13 +33,14 @@ with DAG(
     max_active_runs=1,
     default_args={
         "retries": 2,
+        # Tests shorten the delay (read when the DAG is parsed).
         "retry_delay": timedelta(seconds=float(os.environ.get("RAYBATCH_RETRY_DELAY_S", "30"))),
     },
     params={
         "data_root": Param(
             DEFAULT_ROOT,
             type="string",
-            pattern=r"^(/|s3://[^/{}]+)[^{}]*$",
+            pattern=PATH_PATTERN,
             description="Absolute folder or s3:// prefix holding model/, input/<ds>/ and output-partitioned/<ds>/",
         ),
     },

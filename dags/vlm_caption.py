@@ -14,31 +14,57 @@ import os
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, Param
 
 from airflow_provider_raybatch.operators.vlm_caption import VLMCaptionOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
+#: Each event's extra is the run's summary, with the rendered output path of the day's captions.
+CAPTIONS = Asset(name="daily_image_captions", uri="x-raybatch://vlm_caption/captions")
+#: An absolute local path or an s3:// prefix: a relative path would depend on the worker's folder.
+PATH_PATTERN = r"^(/|s3://[^/{}]+)[^{}]*$"
 
 with DAG(
     dag_id="vlm_caption",
     description="Caption each day's images with a VLM on Ray Data",
+    doc_md=__doc__,
     schedule="@daily",
     start_date=datetime(2026, 11, 1),
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=30)},
+    default_args={
+        "retries": 2,
+        # Tests shorten the delay (read when the DAG is parsed).
+        "retry_delay": timedelta(seconds=float(os.environ.get("RAYBATCH_RETRY_DELAY_S", "30"))),
+    },
     render_template_as_native_obj=True,  # numbers and dicts from params stay numbers and dicts
     params={
         "data_root": Param(
-            DEFAULT_ROOT, type="string", minLength=1, description="holds images/<ds>/ and captions/<ds>/"
+            DEFAULT_ROOT,
+            type="string",
+            pattern=PATH_PATTERN,
+            description="Absolute folder or s3:// prefix holding images/<ds>/, captions/<ds>/ and models/",
         ),
-        "engine": Param("transformers", enum=["transformers", "vllm", "openai"], description="the engine"),
-        "model": Param("", type="string", description="model id or folder; empty: the demo's tiny Llava"),
-        "batch_size": Param(16, type="integer", minimum=1),
-        "concurrency": Param(1, type="integer", minimum=1, description="engine replicas"),
-        "sampling_params": Param({"temperature": 0.3, "max_tokens": 16}, type="object"),
-        "engine_kwargs": Param({}, type="object", description='e.g. {"max_model_len": 8192} for vLLM'),
+        "engine": Param(
+            "transformers",
+            type="string",
+            enum=["transformers", "vllm", "openai"],
+            description="transformers (CPU or GPU), vllm (GPU cluster) or openai (an OpenAI-compatible endpoint)",
+        ),
+        "model": Param(
+            None,
+            type=["null", "string"],
+            description="Model id (e.g. Qwen/Qwen2.5-VL-3B-Instruct) or folder; empty: the demo's tiny Llava "
+            "under <data_root>/models/",
+        ),
+        "batch_size": Param(16, type="integer", minimum=1, maximum=4096, description="Images per engine call"),
+        "concurrency": Param(1, type="integer", minimum=1, maximum=16, description="Engine replicas"),
+        "sampling_params": Param(
+            {"temperature": 0.3, "max_tokens": 16},
+            type="object",
+            description="Generation settings passed to the engine, e.g. temperature and max_tokens",
+        ),
+        "engine_kwargs": Param({}, type="object", description='Engine settings, e.g. {"max_model_len": 8192} for vLLM'),
     },
     tags=["raybatch", "example", "llm"],
 ) as dag:
@@ -58,4 +84,5 @@ with DAG(
         keep_columns=["label"],
         id_column="id",
         rows_per_range=32,
+        asset=CAPTIONS,
     )

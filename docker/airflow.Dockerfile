@@ -9,9 +9,10 @@ ARG AIRFLOW_VERSION
 ARG PYTHON_VERSION
 # Must equal the version in pyproject.toml (tests/test_docker.py checks it; the build checks it too).
 ARG PROVIDER_VERSION=0.1.0
-# torch from PyPI is a CUDA build of several GB; the Airflow side needs the CPU build only
-# (embedded Ray runs on the Airflow worker when no `ray` connection is set). The `+cpu` pin
-# takes it from the CPU index; pyproject.toml allows torch >=2.13,<2.15.
+# The `examples` extra brings the `torch` extra (torch, safetensors). torch from PyPI is a CUDA
+# build of several GB; the Airflow side needs the CPU build only (embedded Ray runs on the
+# Airflow worker when no `ray` connection is set). The `+cpu` pin takes it from the CPU index;
+# the `torch` extra in pyproject.toml allows torch >=2.13,<2.15.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0+cpu
 

@@ -17,6 +17,7 @@ import tomllib
 import pytest
 import yaml
 from airflow.sdk import Connection
+from packaging.requirements import Requirement
 
 from airflow_provider_raybatch import __version__
 from airflow_provider_raybatch.get_provider_info import get_provider_info
@@ -127,6 +128,37 @@ def test_images_install_this_provider_version_on_the_pinned_airflow_and_ray(comp
     assert all(f'"{spec}"' in (DOCKER / "ray-gpu.Dockerfile").read_text() for spec in vllm)
     images = {interpolate(s["image"], {}) for s in compose["services"].values() if "raybatch" in s["image"]}
     assert images == {f"raybatch-airflow:{version}", f"raybatch-ray:{version}"}
+
+
+def test_images_install_the_cluster_dependencies_and_the_torch_extra():
+    """The Ray images install the provider with --no-deps and list its dependencies by hand: the
+    lists must follow pyproject.toml, the `torch` extra included (its torch is the CPU build pinned
+    by TORCH_VERSION, or vLLM's CUDA build on the GPU image)."""
+    project = pyproject()["project"]
+    extras = project["optional-dependencies"]
+    assert not any(Requirement(d).name in ("torch", "safetensors") for d in project["dependencies"])
+    torch_extra = {Requirement(d).name: d for d in extras["torch"]}
+    assert set(torch_extra) == {"torch", "safetensors"}
+    assert {"airflow-provider-raybatch[torch]"} <= set(extras["examples"]) & set(extras["llm"])
+    # Everything but Airflow, Ray (installed with its own extras) and the Jobs API client of the Airflow side.
+    cluster_core = [
+        d for d in project["dependencies"] if Requirement(d).name not in ("apache-airflow", "ray", "aiohttp")
+    ]
+    torch_range = Requirement(torch_extra["torch"]).specifier
+    for name in ("ray.Dockerfile", "ray-gpu.Dockerfile"):
+        text = (DOCKER / name).read_text()
+        for spec in [*cluster_core, torch_extra["safetensors"]]:
+            assert f'"{spec}"' in text, f"{name} does not install {spec}"
+    ray_cpu = (DOCKER / "ray.Dockerfile").read_text()
+    assert '"torch==${TORCH_VERSION}"' in ray_cpu
+    for name in ("ray.Dockerfile", "airflow.Dockerfile"):
+        version = re.search(r"^ARG TORCH_VERSION=(\S+)$", (DOCKER / name).read_text(), re.M).group(1)
+        assert version.endswith("+cpu") and torch_range.contains(version), (
+            f"{name}: torch {version} not in {torch_range}"
+        )
+    # The Airflow image gets torch through the `examples` extra, pinned to the CPU build in the same install.
+    airflow = (DOCKER / "airflow.Dockerfile").read_text()
+    assert '"/opt/raybatch[examples]"' in airflow and '"torch==${TORCH_VERSION}"' in airflow
 
 
 def test_ray_connection_env_matches_the_hook_fields(compose):

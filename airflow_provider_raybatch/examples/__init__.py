@@ -1,1 +1,1 @@
-"""The quick start's model and data (needs the ``examples`` extra: scikit-learn)."""
+"""The quick start's model and data (needs the ``examples`` extra: torch and scikit-learn)."""

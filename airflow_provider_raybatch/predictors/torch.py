@@ -1,4 +1,8 @@
-"""A predictor that loads safetensors weights into a torch model class."""
+"""A predictor that loads safetensors weights into a torch model class.
+
+torch and safetensors are the provider's ``torch`` extra, needed only where the pipeline runs
+(the Ray workers), so they are imported when a predictor is built.
+"""
 
 from __future__ import annotations
 
@@ -40,8 +44,15 @@ class TorchPredictor:
         num_threads: int | None = None,
         storage_options: dict[str, Any] | None = None,
     ) -> None:
-        import torch
-        from safetensors.torch import load
+        try:
+            import torch
+            from safetensors.torch import load
+        except ImportError as e:
+            raise ImportError(
+                f"TorchPredictor needs torch and safetensors ({e}): "
+                "pip install 'airflow-provider-raybatch[torch]' where the pipeline runs",
+                name=e.name,
+            ) from e
 
         if num_threads:
             torch.set_num_threads(num_threads)

@@ -54,6 +54,73 @@ def test_all_dags_load_without_errors_or_warnings():
     assert predict.pool == "raybatch_gpu" and predict.max_active_tis_per_dag == 2
 
 
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {} and bag.dags
+    return bag
+
+
+def output_path(task) -> str | None:
+    """The output a task writes (a mapped task keeps its arguments in ``partial_kwargs``)."""
+    kwargs = getattr(task, "partial_kwargs", None)
+    return kwargs.get("output_path") if kwargs is not None else getattr(task, "output_path", None)
+
+
+def test_every_example_dag_is_documented_typed_announced_and_retried(dagbag):
+    """What every example DAG shows, so that a new one missing it fails here: documentation,
+    Params with a JSON schema type and a description (the trigger form shows both), an Asset for
+    every output (on the writing task, or on a task after it such as the mapped DAG's publish),
+    and retries on every task (a checkpointed task resumes on retry)."""
+    from airflow.sdk import Asset
+
+    missing = []
+    for dag_id, dag in sorted(dagbag.dags.items()):
+        if not dag.doc_md:
+            missing.append(f"{dag_id}: no doc_md")
+        for name, param in dag.params.items():
+            if not param.schema.get("type") or not param.description:
+                missing.append(f"{dag_id}: Param {name} without a type or a description")
+        for task in dag.tasks:
+            if (task.retries or 0) < 1:
+                missing.append(f"{dag_id}.{task.task_id}: no retries")
+            if output_path(task) is None:
+                continue
+            announcing = [task, *task.get_flat_relatives(upstream=False)]
+            if not any(isinstance(o, Asset) for t in announcing for o in t.outlets):
+                missing.append(f"{dag_id}.{task.task_id}: writes {output_path(task)} but no Asset announces it")
+    assert missing == []
+    writers = {d: [t.task_id for t in dag.tasks if output_path(t)] for d, dag in dagbag.dags.items()}
+    assert all(writers[d] for d in EXPECTED_DAGS - {"digits_accuracy_report"}), writers  # the check checked
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "bad"),
+    [
+        ("vlm_caption", {"data_root": "relative/folder", "engine": "sglang", "batch_size": 0, "concurrency": 17}),
+        (
+            "llm_classify",
+            {"data_root": "s3://", "engine": "", "choices": [], "batch_size": "many", "engine_kwargs": []},
+        ),
+    ],
+)
+def test_llm_dag_params_refuse_bad_values(dag_id, bad):
+    from airflow.sdk.exceptions import ParamValidationError
+
+    dag = load_dag(dag_id)
+    dag.params.validate()  # the defaults are valid
+    for name, value in bad.items():
+        params = copy.deepcopy(dag.params)
+        with pytest.raises(ParamValidationError, match=f"Invalid input for param {name}:"):
+            params[name] = value
+            params.validate()
+    params = copy.deepcopy(dag.params)
+    params.update({"data_root": "s3://bucket/demo", "engine": "vllm", "model": "Qwen/Qwen2.5-0.5B-Instruct"})
+    params.validate()
+
+
 PARSE_SCRIPT = """
 import json, sys, time
 started = time.perf_counter()
