@@ -34,7 +34,7 @@ import pytest
 
 from airflow_provider_raybatch.examples import digits
 from tests.conftest import free_port
-from tests.data import assert_exactly_once, read_output
+from tests.data import assert_output_sound
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -209,7 +209,7 @@ def test_a_killed_first_try_is_retried_by_airflow_and_resumes(airflow):
     summary = airflow.summary("e2e_retry")  # the second try's
     assert summary["ranges_total"] == 3 and summary["ranges_skipped"] == 1 and summary["ranges_done"] == 2
     assert summary["rows_processed"] == rows - 200 and summary["rows_out"] == rows
-    assert_exactly_once(read_output(airflow.data / "output" / "2026-11-02"), range(rows))
+    assert_output_sound(airflow.data / "output" / "2026-11-02", range(rows))
 
     first, second = airflow.task_log("e2e_retry", 1), airflow.task_log("e2e_retry", 2)
     # Try 1 was killed right after committing its first range, before logging it.
@@ -247,7 +247,7 @@ def test_a_backfill_writes_each_date_once_in_its_own_folder(airflow):
     runs = airflow.wait_for("the backfill", backfill_runs)
     assert sorted((r["logical_date"][:10], r["state"]) for r in runs) == [(d, "success") for d in dates], airflow.logs()
     for day, rows in dates.items():
-        assert_exactly_once(read_output(airflow.data / "output" / day), range(rows))
+        assert_output_sound(airflow.data / "output" / day, range(rows))
     # The scheduler closes the backfill once its runs are done (until then another is refused).
     airflow.wait_for(
         "the backfill to complete",
@@ -269,7 +269,7 @@ def test_a_backfill_writes_each_date_once_in_its_own_folder(airflow):
     assert rerun["state"] == "success", airflow.logs()
     summary = airflow.summary(run_id)
     assert summary["ranges_skipped"] == summary["ranges_total"] == 2 and summary["rows_processed"] == 0
-    assert_exactly_once(read_output(airflow.data / "output" / "2026-11-04"), range(250))
+    assert_output_sound(airflow.data / "output" / "2026-11-04", range(250))
     others = [r for r in runs if r["dag_run_id"] != run_id]
     assert all(airflow.task_instance(r["dag_run_id"])["try_number"] == 1 for r in others)
 
@@ -339,7 +339,7 @@ def test_mapped_partitions_on_the_scheduler_write_the_output_once(airflow):
         (i, f"partition {i}", "success") for i in range(3)
     ]
     output = airflow.data / "output-partitioned" / "2026-11-08"
-    assert_exactly_once(read_output(output), range(rows))
+    assert_output_sound(output, range(rows))
     assert len(list(output.glob("part-*.parquet"))) == 6
     scored, accuracy = digits.accuracy(str(output))
     assert scored == rows and accuracy > 0.85

@@ -20,7 +20,7 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedE
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
 from benchmarks.common import kill_ray_leftovers
-from tests.data import assert_exactly_once, features_table, read_output, write_input
+from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -102,7 +102,7 @@ def test_failed_first_try_resumes_from_committed_ranges(tmp_path):
     summary = run_batch_inference(cfg)
     assert summary.ranges_skipped == committed_after_failure
     assert summary.rows_processed == 1000 - 100 * committed_after_failure
-    assert_exactly_once(read_output(tmp_path / "out"), range(1000))
+    assert_output_sound(tmp_path / "out", range(1000))
 
 
 RUN_SCRIPT = """
@@ -156,7 +156,7 @@ def test_sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_
     assert len(list(out.glob("part-*.parquet"))) == 3  # the third file is in place, uncommitted
     summary = run_batch_inference(config(tmp_path))
     assert summary.ranges_skipped == 2 and summary.rows_processed == 600
-    assert_exactly_once(read_output(out), range(800))
+    assert_output_sound(out, range(800))
 
 
 def test_killed_process_resumes_and_embedded_ray_leaves_no_process(tmp_path):
@@ -181,7 +181,7 @@ def test_killed_process_resumes_and_embedded_ray_leaves_no_process(tmp_path):
     summary = RunSummary.from_dict(json.loads(resumed.output.split("SUMMARY ", 1)[1].splitlines()[0]))
     assert summary.ranges_skipped == committed
     assert summary.rows_processed == 1500 - 100 * committed
-    assert_exactly_once(read_output(out), range(1500))
+    assert_output_sound(out, range(1500))
     time.sleep(2)
     assert ray_processes(resumed.ray_tmp) == []
 
@@ -198,7 +198,7 @@ def test_overwrite_starts_afresh_once_per_run(tmp_path):
     assert retry.ranges_skipped == 3  # a retry of the same run resumes
     later = run_batch_inference(config(tmp_path, mode="overwrite", run_key="run-2"))
     assert later.ranges_done == 3
-    assert_exactly_once(read_output(tmp_path / "out"), range(300))
+    assert_output_sound(tmp_path / "out", range(300))
 
 
 def test_changed_input_is_refused_unless_overwriting(tmp_path):
@@ -209,7 +209,7 @@ def test_changed_input_is_refused_unless_overwriting(tmp_path):
         run_batch_inference(config(tmp_path))
     summary = run_batch_inference(config(tmp_path, mode="overwrite"))
     assert summary.rows_out == 400
-    assert_exactly_once(read_output(tmp_path / "out"), range(400))
+    assert_output_sound(tmp_path / "out", range(400))
 
 
 def test_changed_settings_are_refused(tmp_path):

@@ -1,0 +1,82 @@
+"""The package's layering: no import cycle between its modules, and Airflow kept off the Ray side."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "airflow_provider_raybatch"
+NAME = PACKAGE.name
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that ``path`` imports anywhere: at the top, in functions, under TYPE_CHECKING.
+
+    Lazy imports count too: they hide a cycle from the interpreter, not from a reader.
+    """
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in modules}
+    return found - {module_name(path)}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    # A package's __init__ re-exporting its modules is not a dependency of those modules on it.
+    return {module_name(p): {m for m in imports(p, modules) if not module_name(p).startswith(m + ".")} for p in paths}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_import_cycle_between_the_package_modules():
+    graph = import_graph()
+    assert f"{NAME}.pipeline.runner" in graph[f"{NAME}.pipeline.job"]  # the graph sees lazy imports
+    assert find_cycle(graph) is None
+
+
+@pytest.mark.parametrize("layer", ["pipeline", "llm"])
+def test_code_that_runs_on_ray_imports_no_airflow_module_of_the_provider(layer):
+    graph = import_graph()
+    ray_side = [m for m in graph if m.startswith(f"{NAME}.{layer}")]
+    airflow_side = (f"{NAME}.{p}" for p in ("operators", "hooks", "triggers", "links"))
+    bad = {m: sorted(d for d in graph[m] if d.startswith(tuple(airflow_side))) for m in ray_side}
+    assert {m: d for m, d in bad.items() if d} == {}
