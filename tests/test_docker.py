@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 
 from airflow_provider_raybatch import __version__
 from airflow_provider_raybatch.get_provider_info import get_provider_info
-from airflow_provider_raybatch.hooks.ray import cluster_settings
+from airflow_provider_raybatch.hooks.jobs_types import cluster_settings
 from tests.conftest import REPO
 
 DOCKER = REPO / "docker"

@@ -43,7 +43,7 @@ import airflow_provider_raybatch.llm.config, airflow_provider_raybatch.llm.promp
 for path in {sorted(str(p) for p in (REPO / "dags").glob("*.py"))!r}:
     spec = importlib.util.spec_from_file_location("dag_module", path)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-print(sorted(m for m in ("ray", "torch", "transformers", "vllm", "PIL") if m in sys.modules))
+print(sorted(m for m in ("ray", "torch", "transformers", "vllm", "PIL", "aiohttp") if m in sys.modules))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

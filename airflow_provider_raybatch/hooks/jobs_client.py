@@ -2,70 +2,76 @@
 
 Written on aiohttp rather than Ray's ``JobSubmissionClient`` because that client makes blocking
 calls without timeouts: a trigger must not block the triggerer's event loop, and an unreachable
-address must fail in seconds. The worker runs the same coroutines through :func:`run_sync`.
-No Airflow import here: the trigger and the operator share this module.
+address must fail in seconds. Use it through :class:`~airflow_provider_raybatch.hooks.ray.RayHook`;
+the worker runs the same coroutines through :func:`run_sync`. No Airflow import here, and nothing
+imports this module until a cluster is used: it is the only one that loads aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from types import TracebackType
+from typing import Any, TypeVar
 
 import aiohttp
 
-if TYPE_CHECKING:
-    from airflow_provider_raybatch.hooks.ray import RayClusterSettings
+from airflow_provider_raybatch.hooks.jobs_types import (
+    JobAlreadyExists,
+    JobDeadlineExceeded,
+    JobInfo,
+    RayClusterSettings,
+    RayJobsError,
+)
 
-ACTIVE = ("PENDING", "RUNNING")
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 T = TypeVar("T")
 
 
-class RayJobsError(Exception):
-    """The Jobs API could not be reached or refused a request; the message says why."""
-
-
-class JobDeadlineExceeded(RayJobsError):
-    """The task's deadline passed while the job was still running."""
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    submission_id: str
-    status: str
-    message: str = ""
-    driver_exit_code: int | None = None
-
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL
-
-
 class RayJobsClient:
-    """One method per Jobs API call used by the provider; each request times out."""
+    """One method per Jobs API call used by the provider; each request times out.
+
+    Open it with ``async with``: the requests made inside share one HTTP session (and its
+    connections), closed on leaving.
+    """
 
     def __init__(self, settings: RayClusterSettings):
         self.settings = settings
         self.address = settings.address.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
 
-    def _session(self, timeout: aiohttp.ClientTimeout | None = None) -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(
+    async def __aenter__(self) -> RayJobsClient:
+        self._session = aiohttp.ClientSession(
             headers=self.settings.headers,
             cookies=self.settings.cookies,
-            timeout=timeout or aiohttp.ClientTimeout(total=self.settings.timeout_s),
+            # No overall limit by default: a log stream lives as long as its job. Each request
+            # passes its own total timeout (_request).
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.settings.timeout_s),
         )
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("RayJobsClient is used outside `async with`")
+        return self._session
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
         url = f"{self.address}{path}"
+        timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
         try:
-            async with (
-                self._session() as session,
-                session.request(method, url, ssl=None if self.settings.verify else False, **kwargs) as response,
-            ):
+            async with self.session.request(
+                method, url, ssl=self.settings.verify, timeout=timeout, **kwargs
+            ) as response:
                 body = await response.text()
                 status = response.status
         except aiohttp.ClientConnectorCertificateError as e:
@@ -92,8 +98,6 @@ class RayJobsClient:
         return status, body
 
     async def _json(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kwargs: Any) -> Any:
-        import json
-
         status, body = await self._request(method, path, **kwargs)
         if status not in ok:
             raise RayJobsError(f"{method} {path} on {self.address} answered {status}: {body.strip()[:500]}")
@@ -125,6 +129,10 @@ class RayJobsClient:
         )
 
     async def submit(self, submission_id: str, entrypoint: str, metadata: dict[str, str]) -> None:
+        """Submit a job with the connection's runtime_env and driver resources.
+
+        :raises JobAlreadyExists: a job with this submission id exists.
+        """
         s = self.settings
         request: dict[str, Any] = {
             "submission_id": submission_id,
@@ -137,6 +145,7 @@ class RayJobsClient:
         }
         status, body = await self._request("POST", "/api/jobs/", json={k: v for k, v in request.items() if v})
         if status != 200:
+            # Ray answers a reused id with a 500 whose text says so: there is no typed error.
             if "already exists" in body:
                 raise JobAlreadyExists(submission_id)
             raise RayJobsError(f"submitting Ray job {submission_id} failed with {status}: {body.strip()[-500:]}")
@@ -148,76 +157,69 @@ class RayJobsClient:
 
     async def tail_logs(self, submission_id: str) -> AsyncIterator[str]:
         """The job's log as it is written (from its start), until the job ends."""
-        # The tail lives as long as the job: a timeout on connecting only.
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.timeout_s)
-        async with (
-            self._session(timeout) as session,
-            session.ws_connect(
-                f"{self.address}/api/jobs/{submission_id}/logs/tail", ssl=None if self.settings.verify else False
-            ) as ws,
-        ):
+        async with self.session.ws_connect(
+            f"{self.address}/api/jobs/{submission_id}/logs/tail", ssl=self.settings.verify
+        ) as ws:
             async for message in ws:
                 if message.type == aiohttp.WSMsgType.TEXT:
                     yield message.data
                 elif message.type == aiohttp.WSMsgType.ERROR:
                     break
 
+    async def wait(
+        self,
+        submission_id: str,
+        *,
+        poll_interval: float,
+        deadline: float | None = None,
+        log_line: Callable[[str], None] | None = None,
+    ) -> JobInfo:
+        """Poll until the job ends, passing each of its log lines to ``log_line`` meanwhile.
 
-class JobAlreadyExists(RayJobsError):
-    """A job with this submission id exists already (another try submitted it)."""
+        :param poll_interval: seconds between status checks.
+        :param deadline: a Unix time; past it, :class:`JobDeadlineExceeded` is raised (the job is
+            left running: the caller decides whether to stop it).
+        :param log_line: called with each line of the job's log; None: the log is not read.
+        """
+        logs = asyncio.create_task(self._pump_logs(submission_id, log_line)) if log_line else None
+        try:
+            while True:
+                info = await self.get_job(submission_id)
+                if info is None:
+                    raise RayJobsError(f"Ray job {submission_id} does not exist on {self.address} (was it deleted?)")
+                if info.is_terminal:
+                    if logs is not None:
+                        # The log stream ends with the job: let it deliver its last lines.
+                        await asyncio.wait({logs}, timeout=5)
+                    return info
+                if deadline is not None and time.time() >= deadline:
+                    raise JobDeadlineExceeded(f"Ray job {submission_id} is still {info.status} at the task's deadline")
+                await asyncio.sleep(poll_interval if deadline is None else min(poll_interval, deadline - time.time()))
+        finally:
+            if logs is not None:
+                logs.cancel()
 
-
-async def wait_for_job(
-    client: RayJobsClient,
-    submission_id: str,
-    *,
-    poll_interval: float,
-    deadline: float | None,
-    log_line: Callable[[str], None],
-) -> JobInfo:
-    """Poll until the job ends, passing each of its log lines to ``log_line`` meanwhile.
-
-    :param deadline: a Unix time; past it, :class:`JobDeadlineExceeded` is raised (the job is
-        left running: the caller decides whether to stop it).
-    """
-    logs = asyncio.create_task(_pump_logs(client, submission_id, log_line))
-    try:
-        while True:
-            info = await client.get_job(submission_id)
-            if info is None:
-                raise RayJobsError(f"Ray job {submission_id} does not exist on {client.address} (was it deleted?)")
-            if info.is_terminal:
-                # The log stream ends with the job: let it deliver its last lines.
-                await asyncio.wait({logs}, timeout=5)
-                return info
-            if deadline is not None and time.time() >= deadline:
-                raise JobDeadlineExceeded(f"Ray job {submission_id} is still {info.status} at the task's deadline")
-            await asyncio.sleep(poll_interval if deadline is None else min(poll_interval, deadline - time.time()))
-    finally:
-        logs.cancel()
-
-
-async def _pump_logs(client: RayJobsClient, submission_id: str, log_line: Callable[[str], None]) -> None:
-    pending = ""
-    try:
-        async for chunk in client.tail_logs(submission_id):
-            pending += chunk
-            *lines, pending = pending.split("\n")
-            for line in lines:
-                log_line(line)
-    except (aiohttp.ClientError, TimeoutError) as e:
-        # Losing the log stream must not fail the task: the status poll decides the outcome.
-        log_line(f"(log stream of Ray job {submission_id} interrupted: {e})")
-    if pending:
-        log_line(pending)
+    async def _pump_logs(self, submission_id: str, log_line: Callable[[str], None]) -> None:
+        pending = ""
+        try:
+            async for chunk in self.tail_logs(submission_id):
+                pending += chunk
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    log_line(line)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            # Losing the log stream must not fail the task: the status poll decides the outcome.
+            log_line(f"(log stream of Ray job {submission_id} interrupted: {e})")
+        if pending:
+            log_line(pending)
 
 
 def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion from synchronous code, on a loop in a daemon thread.
 
     A thread, because the caller may be inside a running loop already (``on_kill`` runs in a
-    signal handler while :func:`wait_for_job` runs); a daemon, so that a timeout or kill
-    raised in the waiting thread is not held up by the coroutine.
+    signal handler while a wait runs); a daemon, so that a timeout or kill raised in the waiting
+    thread is not held up by the coroutine.
     """
     outcome: dict[str, Any] = {}
 

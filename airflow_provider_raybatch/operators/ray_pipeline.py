@@ -21,7 +21,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_provider_raybatch.assets import attach_summary, resolve_asset
 from airflow_provider_raybatch.credentials import storage_options
-from airflow_provider_raybatch.hooks.ray import RayClusterSettings, RayHook
+from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.lineage import operator_lineage
 from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
@@ -30,7 +30,7 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableE
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_raybatch.hooks.jobs_client import JobInfo, RayJobsClient
+    from airflow_provider_raybatch.hooks.jobs_types import JobInfo, RayClusterSettings
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 #: task_state_store key: the attempt number of the task's current Ray job (kept across tries).
@@ -155,10 +155,7 @@ class RayPipelineOperator(BaseOperator):
             if self.plan_partitions is not None:
                 return self._plan_partitions(context)
             config = self.build_config(context)
-            try:
-                cluster = self.hook.cluster
-            except ValueError as e:  # a malformed connection
-                raise ConfigError(str(e)) from e
+            cluster = self.hook.cluster
             if cluster is None:
                 return self._run_embedded(context, config)
             return self._run_on_cluster(context, config, cluster)
@@ -180,31 +177,39 @@ class RayPipelineOperator(BaseOperator):
         return self._done(context, run_batch_inference(config))
 
     def _run_on_cluster(self, context: Context, config: BatchInferenceConfig, cluster: RayClusterSettings) -> Any:
-        # Imported here, not at module level: DAG files that import this operator stay light.
-        from airflow_provider_raybatch.hooks.jobs_client import (
-            ACTIVE,
-            RayJobsClient,
-            RayJobsError,
-            run_sync,
-            wait_for_job,
-        )
+        from airflow_provider_raybatch.hooks.jobs_types import RayJobsError
+        from airflow_provider_raybatch.pipeline.job import entrypoint
 
         config.validate()
         spec = config.to_spec()
-        client = RayJobsClient(cluster)
+        ti = context["ti"]
+        store = context.get("task_state_store")
         try:
-            info = run_sync(self._find_or_submit(context, client, spec))
+            info = self.hook.submit_or_attach(
+                submission_id_prefix(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
+                lambda submission_id: entrypoint(spec, submission_id, cluster.namespace),
+                metadata={
+                    "airflow_dag_id": ti.dag_id,
+                    "airflow_run_id": ti.run_id,
+                    "airflow_task_id": ti.task_id,
+                    "airflow_map_index": str(ti.map_index),
+                },
+                # The attempt reached survives retries: the next try walks on from it.
+                start_attempt=int((store.get(JOB_ATTEMPT_KEY) if store is not None else None) or 0),
+                on_submit=None if store is None else lambda attempt: store.set(JOB_ATTEMPT_KEY, attempt),
+            )
         except RayJobsError as e:
             raise AirflowException(str(e)) from e
-        context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=cluster.job_url(self.submission_id))
-        if info is None or info.status in ACTIVE:
+        self.submission_id = info.submission_id
+        ti.xcom_push(key=RAY_JOB_URL_KEY, value=cluster.job_url(info.submission_id))
+        if info.is_active:
             if self.deferrable:
                 from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
 
                 self.defer(
                     trigger=RayJobTrigger(
                         ray_conn_id=self.ray_conn_id,
-                        submission_id=self.submission_id,
+                        submission_id=info.submission_id,
                         poll_interval=self.poll_interval,
                         deadline=self._deadline(context),
                     ),
@@ -212,14 +217,10 @@ class RayPipelineOperator(BaseOperator):
                 )
             # In the worker, Airflow's own execution_timeout interrupts this wait and calls on_kill.
             try:
-                info = run_sync(
-                    wait_for_job(
-                        client,
-                        self.submission_id,
-                        poll_interval=self.poll_interval,
-                        deadline=None,
-                        log_line=lambda line: self.log.info("[ray job] %s", line),
-                    )
+                info = self.hook.wait_for_job(
+                    info.submission_id,
+                    poll_interval=self.poll_interval,
+                    log_line=lambda line: self.log.info("[ray job] %s", line),
                 )
             except RayJobsError as e:
                 raise AirflowException(str(e)) from e
@@ -227,70 +228,20 @@ class RayPipelineOperator(BaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Resume after the trigger fired: the job ended, timed out, or could not be followed."""
+        from airflow_provider_raybatch.hooks.jobs_types import JobInfo
+
         self.submission_id = event["submission_id"]
         if event["status"] == "TIMEOUT":
-            raise AirflowTaskTimeout(f"{event['message']}; the job was stopped")
+            raise AirflowTaskTimeout(event["message"])
         if event["status"] == "ERROR":
             raise AirflowException(event["message"])
-        from airflow_provider_raybatch.hooks.jobs_client import JobInfo
-
         info = JobInfo(self.submission_id, event["status"], event.get("message", ""), event.get("driver_exit_code"))
         return self._job_result(context, self.build_config(context), info)
 
     def on_kill(self) -> None:
         """The task was killed or marked failed: stop its Ray job (stop, not delete: its log stays)."""
-        from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, run_sync
-
-        cluster = self.hook.cluster if self.submission_id else None
-        if cluster is not None and run_sync(RayJobsClient(cluster).stop(self.submission_id)):
-            self.log.info("Stopped Ray job %s", self.submission_id)
-
-    async def _find_or_submit(self, context: Context, client: RayJobsClient, spec: dict[str, Any]) -> JobInfo | None:
-        """Find this task's live or finished job, or submit the next one; returns its info (None if new).
-
-        Ids form a chain ``<prefix>-0, -1, ...``; a new id is used only after the previous job
-        ended without success. The attempt reached is kept in the task state store; walking the
-        chain from it finds a job whose submission was not recorded (the worker died in between).
-        """
-        from airflow_provider_raybatch.hooks.jobs_client import ACTIVE, JobAlreadyExists
-        from airflow_provider_raybatch.pipeline.job import entrypoint
-
-        ti = context["ti"]
-        store = context.get("task_state_store")
-        attempt = int((store.get(JOB_ATTEMPT_KEY) if store is not None else None) or 0)
-        prefix = submission_id_prefix(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
-        while True:
-            self.submission_id = f"{prefix}-{attempt}"
-            info = await client.get_job(self.submission_id)
-            if info is None:
-                if store is not None:
-                    store.set(JOB_ATTEMPT_KEY, attempt)
-                metadata = {
-                    "airflow_dag_id": ti.dag_id,
-                    "airflow_run_id": ti.run_id,
-                    "airflow_task_id": ti.task_id,
-                    "airflow_map_index": str(ti.map_index),
-                }
-                try:
-                    await client.submit(
-                        self.submission_id,
-                        entrypoint(spec, self.submission_id, client.settings.namespace),
-                        metadata,
-                    )
-                except JobAlreadyExists:
-                    continue  # submitted meanwhile by another process of this task: look again
-                self.log.info("Submitted Ray job %s to %s", self.submission_id, client.address)
-                return None
-            if info.status in ACTIVE:
-                self.log.info("Reattaching to Ray job %s (%s)", self.submission_id, info.status)
-                return info
-            if info.status == "SUCCEEDED":
-                self.log.info("Ray job %s already succeeded: taking its result", self.submission_id)
-                return info
-            self.log.info(
-                "Ray job %s ended %s: the next job resumes from its committed ranges", self.submission_id, info.status
-            )
-            attempt += 1
+        if self.submission_id and self.hook.cluster is not None:
+            self.hook.stop_job(self.submission_id)
 
     def _deadline(self, context: Context) -> float | None:
         """The try's absolute deadline (Unix time), from ``execution_timeout``.
@@ -303,19 +254,21 @@ class RayPipelineOperator(BaseOperator):
         return (started.timestamp() if started else time.time()) + self.execution_timeout.total_seconds()
 
     def _job_result(self, context: Context, config: BatchInferenceConfig, info: JobInfo) -> dict[str, Any]:
-        from airflow_provider_raybatch.pipeline.job import ERROR_PREFIX, NOT_RETRYABLE_EXIT, read_job_summary
+        from airflow_provider_raybatch.pipeline.job import read_job_summary
 
         sid = info.submission_id
-        if info.status == "SUCCEEDED":
+        if info.is_successful:
             summary = read_job_summary(config, sid)
             if summary is None:
                 raise AirflowException(f"Ray job {sid} succeeded but left no summary in {config.output_path!r}")
             return self._done(context, summary)
-        if info.status == "FAILED" and info.driver_exit_code == NOT_RETRYABLE_EXIT:
-            lines = info.message.splitlines()
-            errors = [line.removeprefix(ERROR_PREFIX) for line in lines if line.startswith(ERROR_PREFIX)]
-            raise AirflowFailException(errors[-1] if errors else info.message)
-        raise AirflowException(f"Ray job {sid} ended {info.status}: {info.message}")
+        failure = info.failure
+        if failure is None:
+            raise AirflowException(f"Ray job {sid} has not ended ({info.status})")
+        if not failure.retryable:
+            # Bad settings or input found by the job: a retry would fail the same way.
+            raise AirflowFailException(failure.message)
+        raise AirflowException(failure.message)
 
     def _done(self, context: Context, summary: RunSummary) -> dict[str, Any]:
         result = summary.to_dict()

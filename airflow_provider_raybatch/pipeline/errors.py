@@ -1,5 +1,10 @@
 """Errors raised by the pipeline; each message names the path, column, stage or setting at fault."""
 
+#: Exit status of a Ray Job that failed with a :class:`NotRetryableError`.
+NOT_RETRYABLE_EXIT = 3
+#: Prefix of the log line that carries a :class:`NotRetryableError`'s message out of a Ray Job.
+ERROR_PREFIX = "raybatch error: "
+
 
 class RayBatchError(Exception):
     """Base class of the provider's own errors."""
@@ -8,8 +13,7 @@ class RayBatchError(Exception):
 class NotRetryableError(RayBatchError):
     """Retrying cannot help: the same settings, input or committed output would fail the same way.
 
-    The operator fails such a task without retries; a Ray Job exits with
-    :data:`~airflow_provider_raybatch.pipeline.job.NOT_RETRYABLE_EXIT`.
+    The operator fails such a task without retries; a Ray Job exits with :data:`NOT_RETRYABLE_EXIT`.
     """
 
 

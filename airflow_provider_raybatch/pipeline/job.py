@@ -13,17 +13,15 @@ import json
 import logging
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
-from airflow_provider_raybatch.pipeline.errors import NotRetryableError
+from airflow_provider_raybatch.pipeline.errors import ERROR_PREFIX, NOT_RETRYABLE_EXIT, NotRetryableError
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.storage import read_json, write_json
-from airflow_provider_raybatch.pipeline.summary import RunSummary
 
-NOT_RETRYABLE_EXIT = 3
-#: Prefix of the line that carries a non-retryable error's message out of the job's log.
-ERROR_PREFIX = "raybatch error: "
+if TYPE_CHECKING:
+    from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 
 def entrypoint(config_spec: dict[str, Any], submission_id: str, namespace: str | None) -> str:
@@ -40,6 +38,8 @@ def write_job_summary(config: BatchInferenceConfig, submission_id: str, summary:
 
 def read_job_summary(config: BatchInferenceConfig, submission_id: str) -> RunSummary | None:
     """The summary a Ray Job left (None if it left none), with its submission id."""
+    from airflow_provider_raybatch.pipeline.summary import RunSummary
+
     ledger = OutputLedger.open(config.output_path, config.storage_options)
     path = ledger.job_summary_path(submission_id)
     ledger.fs.invalidate_cache()

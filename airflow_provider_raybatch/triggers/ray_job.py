@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_raybatch.hooks.jobs_client import (
-    JobDeadlineExceeded,
-    RayJobsClient,
-    RayJobsError,
-    wait_for_job,
-)
+from airflow_provider_raybatch.hooks.jobs_types import JobDeadlineExceeded, RayJobsError
 from airflow_provider_raybatch.hooks.ray import RayHook
 
 
@@ -41,6 +37,8 @@ class RayJobTrigger(BaseTrigger):
         self.submission_id = submission_id
         self.poll_interval = poll_interval
         self.deadline = deadline
+        # The hook reads the connection when first used (aget_connection): no secret is kept here.
+        self.hook = RayHook(ray_conn_id)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -53,27 +51,23 @@ class RayJobTrigger(BaseTrigger):
             },
         )
 
-    async def _client(self) -> RayJobsClient:
-        settings = await RayHook(self.ray_conn_id).acluster()
-        if settings is None:
-            raise RayJobsError(f"connection {self.ray_conn_id!r} names no Ray cluster any more")
-        return RayJobsClient(settings)
-
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        """One event: the job's :class:`JobInfo` fields, or status ``TIMEOUT`` / ``ERROR`` and a message."""
         event: dict[str, Any] = {"submission_id": self.submission_id}
         try:
-            client = await self._client()
-            info = await wait_for_job(
-                client,
+            info = await self.hook.await_for_job(
                 self.submission_id,
                 poll_interval=self.poll_interval,
                 deadline=self.deadline,
                 log_line=lambda line: self.log.info("[ray job] %s", line),
             )
-            event.update(status=info.status, message=info.message, driver_exit_code=info.driver_exit_code)
+            event.update(asdict(info))
         except JobDeadlineExceeded as e:
-            await client.stop(self.submission_id)
-            event.update(status="TIMEOUT", message=str(e))
+            try:
+                await self.hook.astop_job(self.submission_id)
+                event.update(status="TIMEOUT", message=f"{e}; the job was stopped")
+            except RayJobsError as stop_error:
+                event.update(status="TIMEOUT", message=f"{e}; stopping the job failed: {stop_error}")
         except RayJobsError as e:
             event.update(status="ERROR", message=str(e))
         yield TriggerEvent(event)
@@ -84,6 +78,4 @@ class RayJobTrigger(BaseTrigger):
         (``cleanup()`` is left alone on purpose: it also runs when a trigger moves to another
         triggerer, and the job must survive that.)
         """
-        client = await self._client()
-        if await client.stop(self.submission_id):
-            self.log.info("Stopped Ray job %s", self.submission_id)
+        await self.hook.astop_job(self.submission_id)

@@ -1,19 +1,25 @@
-"""The `ray` connection: parsing, and the Test button against a real cluster and real failures."""
+"""The `ray` connection: parsing, the Test button against a real cluster and real failures, and
+the hook's Jobs API methods (submit or attach, get, stop, wait, sync and async) on a real cluster."""
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
-import socket
 import ssl
 import threading
+import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, RayJobsError, run_sync
-from airflow_provider_raybatch.hooks.ray import RayClusterSettings, RayHook
+from airflow_provider_raybatch.hooks.jobs_client import run_sync
+from airflow_provider_raybatch.hooks.jobs_types import JobDeadlineExceeded, JobFailure, RayJobsError
+from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.pipeline.errors import ERROR_PREFIX, NOT_RETRYABLE_EXIT, ConfigError
 from tests.conftest import free_port
+from tests.ray_cluster import connection
 
 
 def hook_for(monkeypatch, **conn) -> RayHook:
@@ -40,7 +46,7 @@ def test_the_host_is_the_dashboard_address(monkeypatch, conn, address):
 
 
 def test_a_ray_client_address_is_refused_with_the_reason(monkeypatch):
-    with pytest.raises(ValueError, match="dashboard / Jobs API address"):
+    with pytest.raises(ConfigError, match="dashboard / Jobs API address"):
         hook_for(monkeypatch, host="ray://head:10001").cluster  # noqa: B018
 
 
@@ -76,7 +82,7 @@ def test_an_explicit_authorization_header_wins_over_the_token(monkeypatch):
 
 
 def test_bad_json_names_the_field_but_not_its_secret_value(monkeypatch):
-    with pytest.raises(ValueError, match="extra 'headers' is not valid JSON") as error:
+    with pytest.raises(ConfigError, match="extra 'headers' is not valid JSON") as error:
         hook_for(monkeypatch, host="http://head:8265", extra={"headers": '{"X-Key": "s3cret"'}).cluster  # noqa: B018
     assert "s3cret" not in str(error.value)
 
@@ -172,10 +178,101 @@ def test_an_untrusted_certificate_and_verify_false(monkeypatch, tmp_path):
         server.shutdown()
 
 
-def test_a_server_that_never_answers_times_out():
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()  # accepts connections (backlog) and never answers
-        client = RayJobsClient(RayClusterSettings(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=1))
-        with pytest.raises(RayJobsError, match="no answer from the Ray Jobs API .* within 1s"):
-            run_sync(client.version())
+# --- the Jobs API through the hook, against the real cluster ---
+
+SLEEP = f"python -c {'import time; time.sleep(120)'!r}"
+
+
+def python(code: str) -> str:
+    return f"python -c {code!r}"
+
+
+@pytest.fixture
+def hook(ray_cluster, monkeypatch) -> RayHook:
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_JOBS_TEST", connection(ray_cluster))
+    return RayHook("ray_jobs_test")
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"hook-test-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_chain_walks_past_a_failed_job_and_then_takes_the_succeeded_one(hook, prefix):
+    def entrypoint(submission_id: str) -> str:
+        return python("import sys; sys.exit(1)") if submission_id.endswith("-0") else python("print('done')")
+
+    submitted: list[int] = []
+    first = hook.submit_or_attach(prefix, entrypoint, on_submit=submitted.append)
+    assert (first.submission_id, first.status, submitted) == (f"{prefix}-0", "PENDING", [0])
+    failed = hook.wait_for_job(first.submission_id, poll_interval=0.2)
+    assert failed.status == "FAILED" and failed.failure.retryable
+
+    # The next try starts from the attempt it recorded: the failed job makes room for attempt 1.
+    second = hook.submit_or_attach(prefix, entrypoint, start_attempt=submitted[-1], on_submit=submitted.append)
+    assert second.submission_id == f"{prefix}-1" and submitted == [0, 1]
+    assert hook.wait_for_job(second.submission_id, poll_interval=0.2).is_successful
+
+    # Walking from 0 (the record was lost): the failed job is passed, the succeeded one taken.
+    third = hook.submit_or_attach(prefix, entrypoint, on_submit=submitted.append)
+    assert (third.submission_id, third.status, submitted) == (f"{prefix}-1", "SUCCEEDED", [0, 1])
+    assert hook.get_job_info(f"{prefix}-2") is None
+
+
+def test_a_live_job_is_reattached_stopped_and_then_resubmitted(hook, prefix):
+    first = hook.submit_or_attach(prefix, lambda _: SLEEP)
+    again = hook.submit_or_attach(prefix, lambda _: SLEEP, on_submit=lambda attempt: pytest.fail("submitted twice"))
+    assert again.submission_id == first.submission_id and again.is_active
+    assert hook.stop_job(first.submission_id) is True
+    stopped = hook.wait_for_job(first.submission_id, poll_interval=0.2)
+    assert stopped.status == "STOPPED" and stopped.failure.retryable
+    assert hook.stop_job(first.submission_id) is False  # it had ended already
+    assert hook.submit_or_attach(prefix, lambda _: SLEEP).submission_id == f"{prefix}-1"
+    hook.stop_job(f"{prefix}-1")
+
+
+def test_a_job_submitted_meanwhile_by_another_process_is_attached_not_duplicated(hook, prefix):
+    def rival_submits_first(attempt: int) -> None:
+        # Between this walk's lookup and its submission, another process submits the same id.
+        async def submit() -> None:
+            async with hook.get_conn() as client:
+                await client.submit(f"{prefix}-{attempt}", SLEEP, {"by": "rival"})
+
+        run_sync(submit())
+
+    info = hook.submit_or_attach(prefix, lambda _: SLEEP, on_submit=rival_submits_first)
+    assert info.submission_id == f"{prefix}-0" and info.is_active
+    assert hook.get_job_info(f"{prefix}-1") is None
+    hook.stop_job(info.submission_id)
+
+
+def test_a_settings_error_is_not_retryable_and_carries_the_job_s_own_message(hook, prefix):
+    code = f"import sys; print('working'); print({ERROR_PREFIX + 'no input at /x'!r}, file=sys.stderr); sys.exit({NOT_RETRYABLE_EXIT})"
+    info = hook.wait_for_job(hook.submit_or_attach(prefix, lambda _: python(code)).submission_id, poll_interval=0.2)
+    assert info.status == "FAILED" and info.driver_exit_code == NOT_RETRYABLE_EXIT
+    assert info.failure == JobFailure("no input at /x", retryable=False)
+
+
+def test_the_async_twins_wait_with_the_log_and_stop_at_a_deadline(hook, prefix):
+    lines: list[str] = []
+
+    async def scenario():
+        done = await hook.asubmit_or_attach(prefix, lambda _: python("print('one'); print('two')"))
+        ended = await hook.await_for_job(done.submission_id, poll_interval=0.2, log_line=lines.append)
+        slow = await hook.asubmit_or_attach(f"{prefix}-slow", lambda _: SLEEP)
+        with pytest.raises(JobDeadlineExceeded, match="at the task's deadline"):
+            await hook.await_for_job(slow.submission_id, poll_interval=0.2, deadline=time.time() + 1)
+        running = await hook.aget_job_info(slow.submission_id)
+        stopped = await hook.astop_job(slow.submission_id)
+        return ended, running, stopped, await hook.await_for_job(slow.submission_id, poll_interval=0.2)
+
+    ended, running, stopped, after = asyncio.run(scenario())
+    assert ended.is_successful and lines.index("one") < lines.index("two")
+    assert running.is_active and running.failure is None and stopped and after.status == "STOPPED"
+
+
+def test_a_connection_without_a_cluster_is_named(monkeypatch):
+    with pytest.raises(RayJobsError, match="'ray_test' names no Ray cluster"):
+        hook_for(monkeypatch).get_job_info("x")
+    with pytest.raises(RayJobsError, match="'ray_missing_conn' names no Ray cluster"):
+        asyncio.run(RayHook("ray_missing_conn").astop_job("x"))

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, run_sync
+from airflow_provider_raybatch.hooks.jobs_client import run_sync
 from airflow_provider_raybatch.hooks.ray import RayHook
 from tests.conftest import REPO, run_dag
 from tests.data import assert_exactly_once, read_output, write_input
@@ -64,11 +64,11 @@ def wait_for_running_job(cluster, dag_id: str, process: subprocess.Popen, tmp_pa
 
 
 def wait_for_status(cluster, submission_id: str, wanted: str) -> str:
-    client = RayJobsClient(RayHook(CONN_ID).cluster)
+    hook = RayHook(CONN_ID)
     deadline = time.monotonic() + 60
     status = None
     while time.monotonic() < deadline:
-        status = run_sync(client.get_job(submission_id)).status
+        status = hook.get_job_info(submission_id).status
         if status == wanted:
             break
         time.sleep(0.5)
@@ -209,8 +209,12 @@ def test_the_deferrable_path_waits_in_a_trigger(tmp_path, cluster, capfd):
 
 def test_a_stage_runs_on_the_node_that_has_its_custom_resource(tmp_path, cluster):
     cluster.start_node(head=False, num_cpus=1, resources={"side_node": 1})
-    client = RayJobsClient(RayHook(CONN_ID).cluster)
-    (side,) = [n["node_id"] for n in run_sync(client.nodes()) if "side_node" in n["resources_total"]]
+
+    async def nodes() -> list[dict]:
+        async with RayHook(CONN_ID).get_conn() as client:
+            return await client.nodes()
+
+    (side,) = [n["node_id"] for n in run_sync(nodes()) if "side_node" in n["resources_total"]]
     write_input(tmp_path / "in", [200])
     dag = cluster_dag(
         "placed",

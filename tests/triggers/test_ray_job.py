@@ -8,7 +8,6 @@ import uuid
 
 import pytest
 
-from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
 from tests.ray_cluster import connection
@@ -17,20 +16,19 @@ CONN_ID = "ray_trigger_test"
 
 
 @pytest.fixture
-def client(ray_cluster, monkeypatch) -> RayJobsClient:
+def hook(ray_cluster, monkeypatch) -> RayHook:
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", connection(ray_cluster))
-    return RayJobsClient(RayHook(CONN_ID).cluster)
+    return RayHook(CONN_ID)
 
 
-async def submit(client: RayJobsClient, script: str) -> str:
-    submission_id = f"trigger-test-{uuid.uuid4().hex[:8]}"
-    await client.submit(submission_id, f"python -c {script!r}", {})
-    return submission_id
+async def submit(hook: RayHook, script: str) -> str:
+    info = await hook.asubmit_or_attach(f"trigger-test-{uuid.uuid4().hex[:8]}", lambda _: f"python -c {script!r}")
+    return info.submission_id
 
 
-async def wait_until(client: RayJobsClient, submission_id: str, statuses: tuple[str, ...]) -> str:
+async def wait_until(hook: RayHook, submission_id: str, statuses: tuple[str, ...]) -> str:
     for _ in range(120):
-        status = (await client.get_job(submission_id)).status
+        status = (await hook.aget_job_info(submission_id)).status
         if status in statuses:
             return status
         await asyncio.sleep(0.5)
@@ -44,9 +42,9 @@ def test_serialize_round_trip():
     assert RayJobTrigger(**kwargs).serialize() == (classpath, kwargs)
 
 
-def test_the_trigger_streams_the_job_s_log_and_fires_its_status(client, capfd):
+def test_the_trigger_streams_the_job_s_log_and_fires_its_status(hook, capfd):
     async def scenario():
-        sid = await submit(client, "print('first line'); print('second line')")
+        sid = await submit(hook, "print('first line'); print('second line')")
         trigger = RayJobTrigger(ray_conn_id=CONN_ID, submission_id=sid, poll_interval=0.5)
         return sid, [event async for event in trigger.run()]
 
@@ -56,27 +54,36 @@ def test_the_trigger_streams_the_job_s_log_and_fires_its_status(client, capfd):
     assert logged.index("[ray job] first line") < logged.index("[ray job] second line")
 
 
-def test_past_the_deadline_the_job_is_stopped_and_the_task_times_out(client):
+def test_past_the_deadline_the_job_is_stopped_and_the_task_times_out(hook):
     async def scenario():
-        sid = await submit(client, "import time; time.sleep(120)")
-        await wait_until(client, sid, ("RUNNING",))
+        sid = await submit(hook, "import time; time.sleep(120)")
+        await wait_until(hook, sid, ("RUNNING",))
         trigger = RayJobTrigger(ray_conn_id=CONN_ID, submission_id=sid, poll_interval=0.5, deadline=time.time() + 2)
         events = [event async for event in trigger.run()]
-        return events, await wait_until(client, sid, ("STOPPED",))
+        return events, await wait_until(hook, sid, ("STOPPED",))
 
     events, status = asyncio.run(scenario())
     assert events[0].payload["status"] == "TIMEOUT" and status == "STOPPED"
+    assert events[0].payload["message"].endswith("at the task's deadline; the job was stopped")
 
 
-def test_on_kill_stops_the_job_and_cleanup_does_not(client):
+def test_a_connection_that_names_no_cluster_fires_an_error():
     async def scenario():
-        sid = await submit(client, "import time; time.sleep(120)")
-        await wait_until(client, sid, ("RUNNING",))
+        return [event async for event in RayJobTrigger(ray_conn_id="ray_gone", submission_id="s").run()]
+
+    (event,) = asyncio.run(scenario())
+    assert event.payload["status"] == "ERROR" and "'ray_gone' names no Ray cluster" in event.payload["message"]
+
+
+def test_on_kill_stops_the_job_and_cleanup_does_not(hook):
+    async def scenario():
+        sid = await submit(hook, "import time; time.sleep(120)")
+        await wait_until(hook, sid, ("RUNNING",))
         trigger = RayJobTrigger(ray_conn_id=CONN_ID, submission_id=sid)
         await trigger.cleanup()  # a triggerer restart or a move: the job must survive it
         await asyncio.sleep(1)
-        after_cleanup = (await client.get_job(sid)).status
+        after_cleanup = (await hook.aget_job_info(sid)).status
         await trigger.on_kill()  # the user marked the deferred task failed
-        return after_cleanup, await wait_until(client, sid, ("STOPPED",))
+        return after_cleanup, await wait_until(hook, sid, ("STOPPED",))
 
     assert asyncio.run(scenario()) == ("RUNNING", "STOPPED")
