@@ -108,11 +108,7 @@ class OutputLedger:
         if not self.fs.isdir(self.root):
             return []
         names = [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
-        return sorted(
-            n
-            for n in names
-            if n not in (META_DIR, REJECTS_DIR) and not (n.startswith("part-") and n.endswith(".parquet"))
-        )
+        return sorted(n for n in names if n not in (META_DIR, REJECTS_DIR) and not _is_part_file(n))
 
     def committed(self) -> dict[str, dict[str, Any]]:
         """Range id -> commit record, for every committed range."""
@@ -175,6 +171,15 @@ class OutputLedger:
         return stale
 
     def reset(self) -> None:
-        """Remove everything in the output folder (mode='overwrite')."""
-        if self.fs.exists(self.root):
-            self.fs.rm(self.root, recursive=True)
+        """Remove what this protocol wrote (``mode="overwrite"``): part files, ``_rejects/`` and
+        ``_raybatch/``. Anything else in the folder is someone else's and stays."""
+        if not self.fs.isdir(self.root):
+            return
+        for path in self.fs.ls(self.root, detail=False):
+            name = posixpath.basename(path.rstrip("/"))
+            if name in (META_DIR, REJECTS_DIR) or _is_part_file(name):
+                self.fs.rm(path, recursive=True)
+
+
+def _is_part_file(name: str) -> bool:
+    return name.startswith("part-") and name.endswith(".parquet")

@@ -19,7 +19,7 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedE
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger, PlanRecord
 from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
 from airflow_provider_raybatch.pipeline.stages import resolve_predictor
-from airflow_provider_raybatch.pipeline.storage import is_within, resolve, same_filesystem, static_prefix
+from airflow_provider_raybatch.pipeline.storage import is_local, is_within, resolve, same_filesystem, static_prefix
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,11 @@ def prepare(config: BatchInferenceConfig) -> PreparedRun:
     out_fs, out_path = resolve(config.output_path, config.storage_options)
     for fs in (in_fs, out_fs):
         fs.invalidate_cache()  # listings cached by an earlier run in this process may be stale
+    inside = out_path.strip("/")
+    if not inside or (not is_local(out_fs) and "/" not in inside):
+        raise ConfigError(
+            f"output path {config.output_path!r} is a filesystem or bucket root: give the output its own folder"
+        )
     in_root = static_prefix(in_path)
     if same_filesystem(in_fs, out_fs) and (is_within(out_path, in_root) or is_within(in_root, out_path)):
         raise ConfigError(
@@ -119,13 +124,14 @@ def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger)
                 f"output {config.output_path!r} was started with different settings ({', '.join(job_diff)}); "
                 "mixing results is refused. Use mode='overwrite' or another output path."
             )
-    elif config.mode == "resume" and (foreign := ledger.foreign_entries()):
+    elif foreign := ledger.foreign_entries():
+        # Not an output of this provider: overwrite would delete someone else's files.
         raise ConfigError(
             f"output path {config.output_path!r} is not empty and was not written by raybatch "
-            f"(found {foreign[:5]}); choose an empty folder or mode='overwrite'"
+            f"(found {foreign[:5]}); choose an empty folder"
         )
-    elif config.mode == "overwrite":
-        ledger.reset()
+    else:
+        ledger.reset()  # leftovers of a run killed before it recorded its plan
 
     if recorded is None:
         ledger.write_plan(PlanRecord(config.input_path, plan.describe(), config.job_signature(), config.run_key))

@@ -19,6 +19,7 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
+from airflow_provider_raybatch.pipeline.verify import verify_output
 from benchmarks.common import kill_ray_leftovers
 from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
@@ -276,13 +277,42 @@ def test_bad_settings_fail_before_the_model_loads(tmp_path, overrides, error, me
     assert not (tmp_path / "in" / "out").exists()
 
 
-def test_foreign_output_folder_is_refused(tmp_path):
+@pytest.mark.parametrize("mode", ["resume", "overwrite"])
+def test_a_folder_of_someone_elses_files_is_refused_in_either_mode(tmp_path, mode):
     write_input(tmp_path / "in", [10])
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "report.csv").write_text("precious")
-    with pytest.raises(ConfigError, match=r"is not empty and was not written by raybatch \(found \['report.csv'\]\)"):
-        run_batch_inference(config(tmp_path))
-    assert (tmp_path / "out" / "report.csv").read_text() == "precious"
+    names = [f"report-{i}.csv" for i in range(7)]
+    for name in names:
+        (tmp_path / "out" / name).write_text("precious")
+    with pytest.raises(
+        ConfigError, match=rf"is not empty and was not written by raybatch \(found {names[:5]}\)".replace("[", r"\[")
+    ):
+        run_batch_inference(config(tmp_path, mode=mode))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == names
+
+
+def test_overwrite_removes_only_what_the_provider_wrote(tmp_path):
+    write_input(tmp_path / "in", [300])
+    run_batch_inference(config(tmp_path, keep_columns=["group"]))
+    notes = tmp_path / "out" / "NOTES.txt"
+    notes.write_text("kept by the team")
+    (tmp_path / "out" / "archive").mkdir()
+    (tmp_path / "out" / "archive" / "part-old.parquet").write_bytes(b"someone else's")
+
+    summary = run_batch_inference(config(tmp_path, mode="overwrite", run_key="another run"))
+    assert summary.ranges_done == 3
+    assert notes.read_text() == "kept by the team"
+    assert (tmp_path / "out" / "archive" / "part-old.parquet").read_bytes() == b"someone else's"
+    assert verify_output(str(tmp_path / "out")) == []
+    assert_exactly_once(pq.read_table([str(p) for p in (tmp_path / "out").glob("part-*.parquet")]), range(300))
+
+
+def test_a_filesystem_or_bucket_root_is_refused_as_output(tmp_path, s3_server):
+    write_input(tmp_path / "in", [10])
+    with pytest.raises(ConfigError, match=r"output path '/' is a filesystem or bucket root"):
+        run_batch_inference(config(tmp_path, output_path="/", mode="overwrite"))
+    with pytest.raises(ConfigError, match=r"output path 's3://raybatch-test/' is a filesystem or bucket root"):
+        run_batch_inference(config(tmp_path, output_path="s3://raybatch-test/", storage_options=s3_server))
 
 
 def test_a_stage_returning_the_wrong_row_count_is_named(tmp_path):
