@@ -28,7 +28,7 @@ from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.faults import crash_point
-from airflow_provider_raybatch.pipeline.storage import read_json, resolve, write_json
+from airflow_provider_raybatch.pipeline.storage import ensure_folder, fsync, read_json, resolve, write_json
 
 META_DIR = "_raybatch"
 REJECTS_DIR = "_rejects"
@@ -136,8 +136,11 @@ class OutputLedger:
         files = []
         for tmp, final in ((tmp_path, self.data_file(range_id)), (rejects_tmp_path, self.rejects_file(range_id))):
             if tmp is not None:
-                self.fs.makedirs(posixpath.dirname(final), exist_ok=True)
+                folder = posixpath.dirname(final)
+                ensure_folder(self.fs, folder)
+                fsync(self.fs, tmp)  # the content is on disk before it gets its final name
                 self.fs.mv(tmp, final)
+                fsync(self.fs, folder)  # and so is the name, before the record that names it
                 files.append(posixpath.relpath(final, self.root))
         if files:
             crash_point("published")

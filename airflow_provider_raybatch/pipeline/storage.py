@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import uuid
 from typing import Any
@@ -54,16 +55,42 @@ def is_hidden(relpath: str) -> bool:
     return any(part.startswith(("_", ".")) for part in relpath.split("/"))
 
 
+def fsync(fs: AbstractFileSystem, *paths: str) -> None:
+    """Flush local files or folders to disk (a no-op elsewhere: an object store's upload is durable).
+
+    A rename is durable only once its folder is synced, and a file's content only once the file
+    is: without both, a power cut can leave a name pointing at an empty or missing file.
+    """
+    if not is_local(fs):
+        return
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def ensure_folder(fs: AbstractFileSystem, folder: str) -> None:
+    """Create ``folder`` if missing, durably: its parent is synced so that the new entry survives."""
+    if not fs.isdir(folder):
+        fs.makedirs(folder, exist_ok=True)
+        fsync(fs, posixpath.dirname(folder))
+
+
 def write_json(fs: AbstractFileSystem, path: str, payload: Any) -> None:
-    """Write a JSON file so that readers see the old or the new content, never a partial one."""
+    """Write a JSON file durably, so that readers see the old or the new content, never a partial one."""
     data = json.dumps(payload, indent=1, sort_keys=True).encode()
     if is_local(fs):
         # Local writes are not atomic: write a sibling, then rename over the target.
-        tmp = f"{posixpath.dirname(path)}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        folder = posixpath.dirname(path)
+        tmp = f"{folder}/.{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp"
+        ensure_folder(fs, folder)
         with fs.open(tmp, "wb") as f:
             f.write(data)
+        fsync(fs, tmp)
         fs.mv(tmp, path)
+        fsync(fs, folder)
     else:
         # Object stores publish an object only once its upload completes.
         with fs.open(path, "wb") as f:
