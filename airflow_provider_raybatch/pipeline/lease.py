@@ -1,0 +1,276 @@
+"""The writer lease of an output (or of one partition's ranges): one writer at a time, fenced commits.
+
+A lease is a folder of generation files, ``_raybatch/lease/<generation>.json``; the highest
+generation is the current lease. Taking the lease creates the next generation's file with a
+create-if-absent write (a hard link locally, ``If-None-Match: *`` on S3), so of two
+writers racing for it exactly one wins, on every filesystem. The holder rewrites its own file
+(the heartbeat) while it runs and marks it released at the end; it is fenced as soon as a higher
+generation exists: every commit and every removal first checks that its generation is still the
+highest, and a writer that could not renew within half the timeout stops by itself.
+
+A lease is taken over when its holder released it, when its heartbeat is older than the timeout,
+or at once when its holder was a process on this host that no longer exists (a killed task or
+Ray job driver: its retry need not wait for the timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from fsspec import AbstractFileSystem
+
+from airflow_provider_raybatch.pipeline.errors import RayBatchError
+from airflow_provider_raybatch.pipeline.storage import fsync, is_local, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+#: Default seconds without a heartbeat after which a lease may be taken over.
+DEFAULT_LEASE_TIMEOUT_S = 120.0
+
+
+class OutputBusyError(RayBatchError):
+    """Another writer holds the lease; retrying later may pass once it has finished or died."""
+
+
+class LeaseLostError(RayBatchError):
+    """This writer's lease was taken over: it must publish and commit nothing more."""
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """Who writes: the Airflow task instance (if any) and the process that commits."""
+
+    run_key: str | None = None
+    try_number: int | None = None
+    ray_job: str | None = None
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    pid_started: float | None = field(default_factory=lambda: _process_start(os.getpid()))
+
+    def describe(self) -> str:
+        who = []
+        if self.run_key and self.run_key.count("/") >= 3:
+            # dag/run/task/map_index: dag and task ids hold no "/", a run id may.
+            dag, rest = self.run_key.split("/", 1)
+            run, task, map_index = rest.rsplit("/", 2)
+            who.append(f"dag {dag}, run {run}, task {task}" + (f" [{map_index}]" if map_index != "-1" else ""))
+        elif self.run_key:
+            who.append(self.run_key)
+        if self.try_number is not None:
+            who.append(f"try {self.try_number}")
+        who.append(f"Ray job {self.ray_job}" if self.ray_job else f"pid {self.pid}")
+        return ", ".join(who) + f" on host {self.host}"
+
+    def is_dead_here(self) -> bool:
+        """True when the holder was a process of this host that has ended (its pid gone or reused)."""
+        if self.host != socket.gethostname():
+            return False
+        started = _process_start(self.pid)
+        return started is None or (self.pid_started is not None and started != self.pid_started)
+
+
+def _process_start(pid: int) -> float | None:
+    """The process's start time in clock ticks since boot (None if there is no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may hold spaces: count fields after its closing parenthesis.
+            return float(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return -1.0  # alive, start time unknown (no /proc)
+
+
+@dataclass
+class _Record:
+    generation: int
+    holder: LeaseHolder
+    taken_at: float
+    heartbeat: float
+    released: bool = False
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> _Record:
+        return cls(**{**data, "holder": LeaseHolder(**data["holder"])})
+
+
+class Lease:
+    """One scope's lease (the whole output, or one partition's ranges) in ``folder``.
+
+    :param timeout_s: seconds without a heartbeat after which another writer may take over.
+    """
+
+    def __init__(self, fs: AbstractFileSystem, folder: str, display: str, holder: LeaseHolder, timeout_s: float):
+        self.fs, self.folder, self.display, self.holder, self.timeout_s = fs, folder, display, holder, timeout_s
+        self.record: _Record | None = None
+        self._renewed = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- taking and giving back -------------------------------------------------------------
+
+    def acquire(self) -> None:
+        """Take the lease, or raise :class:`OutputBusyError` naming the live holder."""
+        current = self.current()
+        if current is not None and not current.released:
+            age = time.time() - current.heartbeat
+            if current.holder.is_dead_here():
+                log.warning(
+                    "Taking over the lease of %s: its holder (%s) has ended", self.display, current.holder.describe()
+                )
+            elif age <= self.timeout_s:
+                raise OutputBusyError(
+                    f"output {self.display} is being written by {current.holder.describe()} since "
+                    f"{_clock(current.taken_at)}; last heartbeat {age:.0f} s ago (taken over after {self.timeout_s:g} s "
+                    "without one). Two writers at once would mix their results: retry once it has finished."
+                )
+            else:
+                log.warning(
+                    "Taking over the lease of %s from %s: no heartbeat for %.0f s (lease_timeout=%g s)",
+                    self.display,
+                    current.holder.describe(),
+                    age,
+                    self.timeout_s,
+                )
+        generation = 1 if current is None else current.generation + 1
+        now = time.time()
+        record = _Record(generation, self.holder, now, now)
+        if not self._create(self._path(generation), record):
+            winner = self.current()
+            who = winner.holder.describe() if winner else "another writer"
+            raise OutputBusyError(f"output {self.display} was taken by {who} at the same moment; retry later")
+        self.record, self._renewed = record, time.monotonic()
+        self._remove_older(generation)
+        self._thread = threading.Thread(target=self._heartbeat, name="raybatch-lease", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        """Give the lease back (kept as a released record, so that a fenced writer still sees a newer one)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.record is not None and self.holds():
+            write_json(self.fs, self._path(self.record.generation), _dump(replace(self.record, released=True)))
+        self.record = None
+
+    def __enter__(self) -> Lease:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    # --- fencing ----------------------------------------------------------------------------
+
+    def holds(self) -> bool:
+        current = self.current()
+        return self.record is not None and current is not None and current.generation == self.record.generation
+
+    def check(self) -> None:
+        """Before a commit or a removal: raise :class:`LeaseLostError` unless this writer still holds the lease."""
+        if self.record is None:
+            raise LeaseLostError(f"no lease held on {self.display}")
+        current = self.current()
+        if current is None or current.generation != self.record.generation:
+            who = current.holder.describe() if current else "someone who then released it"
+            raise LeaseLostError(
+                f"the lease on {self.display} was taken over by {who}: this writer commits nothing more "
+                "(its committed ranges stand; the new holder finishes the output)"
+            )
+        # A writer paused past the timeout (SIGSTOP, a long GC, a frozen VM) may have been replaced
+        # without a newer generation being visible yet: it stops rather than risk a second writer.
+        if time.monotonic() - self._renewed > self.timeout_s / 2:
+            raise LeaseLostError(
+                f"the lease on {self.display} was not renewed for {time.monotonic() - self._renewed:.0f} s "
+                f"(lease_timeout={self.timeout_s:g} s): another writer may have taken over, so this one stops"
+            )
+
+    # --- files --------------------------------------------------------------------------------
+
+    def current(self) -> _Record | None:
+        """The highest generation's record (None if the lease was never taken)."""
+        self.fs.invalidate_cache(self.folder)
+        if not self.fs.isdir(self.folder):
+            return None
+        generations = sorted(
+            int(name.removesuffix(".json"))
+            for name in (posixpath.basename(p) for p in self.fs.ls(self.folder, detail=False))
+            if name.endswith(".json") and name.removesuffix(".json").isdigit()
+        )
+        for generation in reversed(generations):
+            try:
+                return _Record.parse(read_json(self.fs, self._path(generation)))
+            except FileNotFoundError:  # removed by a newer holder meanwhile
+                continue
+        return None
+
+    def _path(self, generation: int) -> str:
+        return f"{self.folder}/{generation:012d}.json"
+
+    def _create(self, path: str, record: _Record) -> bool:
+        """Create ``path`` only if it does not exist; False when another writer created it first."""
+        data = json.dumps(_dump(record), indent=1, sort_keys=True).encode()
+        if is_local(self.fs):
+            # Written aside, then hard-linked to its name: link() fails if the name exists, and a
+            # reader never sees the file half written (as it could after O_CREAT | O_EXCL).
+            self.fs.makedirs(self.folder, exist_ok=True)
+            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+            fsync(self.fs, self.folder)
+            return True
+        try:
+            # S3 conditional write (If-None-Match: *): refused with 412 if the object exists.
+            self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def _remove_older(self, generation: int) -> None:
+        for g in range(max(1, generation - 5), generation - 1):  # keep the previous one: it names who was replaced
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(self._path(g))
+
+    def _heartbeat(self) -> None:
+        interval = self.timeout_s / 4
+        while not self._stop.wait(interval):
+            try:
+                if not self.holds():
+                    log.warning("Lease on %s taken over: stopping the heartbeat", self.display)
+                    return
+                self.record = replace(self.record, heartbeat=time.time())
+                write_json(self.fs, self._path(self.record.generation), _dump(self.record))
+                self._renewed = time.monotonic()
+            except Exception as e:  # noqa: BLE001 - a missed beat is retried; check() fences a long gap
+                log.warning("Could not renew the lease on %s: %s", self.display, e)
+
+
+def _dump(record: _Record) -> dict[str, Any]:
+    return asdict(record)
+
+
+def _clock(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

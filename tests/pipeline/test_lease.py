@@ -1,0 +1,124 @@
+"""The writer lease on real filesystems (local and a moto S3 server): one holder, takeovers, fencing."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder, LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.storage import resolve
+
+
+def lease(path: str, holder: LeaseHolder | None = None, timeout_s: float = 60.0, storage_options=None) -> Lease:
+    fs, folder = resolve(path, storage_options)
+    return Lease(fs, folder, path, holder or LeaseHolder(), timeout_s)
+
+
+@pytest.fixture(params=["local", "s3"])
+def folder(request, tmp_path):
+    if request.param == "local":
+        return str(tmp_path / "lease"), None
+    options = request.getfixturevalue("s3_server")
+    return f"s3://raybatch-test/leases/{tmp_path.name}", options
+
+
+def test_one_holder_at_a_time_and_a_released_lease_is_taken(folder):
+    path, options = folder
+    first = lease(path, LeaseHolder(run_key="dag_a/run_1/predict/-1", try_number=1), storage_options=options)
+    first.acquire()
+    second = lease(path, LeaseHolder(run_key="dag_a/run_2/predict/-1", try_number=1), storage_options=options)
+    with pytest.raises(
+        OutputBusyError,
+        match=r"is being written by dag dag_a, run run_1, task predict, try 1, pid \d+ on host .* since .*; "
+        r"last heartbeat \d+ s ago",
+    ):
+        second.acquire()
+    first.check()  # still the holder
+    first.release()
+    second.acquire()
+    assert second.record.generation == 2
+    with pytest.raises(LeaseLostError, match="no lease held"):
+        first.check()  # a released writer commits nothing more either
+    second.release()
+
+
+def test_racing_writers_exactly_one_wins(folder):
+    path, options = folder
+    leases = [lease(path, LeaseHolder(run_key=f"d/r/t{i}/-1"), storage_options=options) for i in range(6)]
+    outcomes: list[str] = []
+    barrier = threading.Barrier(len(leases))
+
+    def take(item: Lease) -> None:
+        barrier.wait()
+        try:
+            item.acquire()
+            outcomes.append("won")
+        except OutputBusyError:
+            outcomes.append("busy")
+
+    threads = [threading.Thread(target=take, args=(item,)) for item in leases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["busy"] * 5 + ["won"]
+    for item in leases:
+        if item.record is not None:
+            item.release()
+
+
+def test_a_stale_heartbeat_is_taken_over_and_the_old_holder_is_fenced(tmp_path):
+    path = str(tmp_path / "lease")
+    # A holder on another host whose heartbeat stopped (its machine froze): its file, as it left it.
+    old = lease(path, LeaseHolder(run_key="d/r/t/-1", try_number=1, host="worker-7"), timeout_s=1.0)
+    old.acquire()
+    old._stop.set()  # its heartbeat thread stops, as a frozen process's would
+    old._thread.join()
+    newer = lease(path, LeaseHolder(run_key="d/r/t/-1", try_number=2), timeout_s=1.0)
+    with pytest.raises(OutputBusyError, match="try 1, pid .* on host worker-7"):
+        newer.acquire()
+    time.sleep(1.3)
+    newer.acquire()
+    with pytest.raises(LeaseLostError, match=r"taken over by dag d, run r, task t, try 2"):
+        old.check()
+    newer.release()
+
+
+def test_a_writer_that_could_not_renew_stops_by_itself(tmp_path):
+    holder = lease(str(tmp_path / "lease"), timeout_s=0.4)
+    holder.acquire()
+    holder._stop.set()
+    holder._thread.join()
+    time.sleep(0.3)
+    with pytest.raises(LeaseLostError, match=r"was not renewed for 0 s \(lease_timeout=0.4 s\)"):
+        holder.check()
+
+
+def test_the_lease_of_a_killed_process_on_this_host_is_taken_at_once(tmp_path):
+    path = str(tmp_path / "lease")
+    code = (
+        "import sys, time\n"
+        "from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder\n"
+        "from airflow_provider_raybatch.pipeline.storage import resolve\n"
+        "fs, folder = resolve(sys.argv[1])\n"
+        "Lease(fs, folder, sys.argv[1], LeaseHolder(run_key='d/r/t/-1', try_number=1), 3600).acquire()\n"
+        "print('held', flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, path], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    retry = lease(path, LeaseHolder(run_key="d/r/t/-1", try_number=2), timeout_s=3600)
+    with pytest.raises(OutputBusyError, match="try 1"):
+        retry.acquire()  # alive: busy
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    retry.acquire()  # its holder is gone: no need to wait an hour
+    record = json.loads((tmp_path / "lease" / f"{retry.record.generation:012d}.json").read_text())
+    assert record["holder"]["try_number"] == 2
+    retry.release()
