@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig, Stage, TransformStage
 from airflow_provider_raybatch.pipeline.errors import (
     ConfigError,
     InputChangedError,
@@ -30,6 +30,7 @@ from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+from airflow_provider_raybatch.pipeline.resources import READ_CPUS, check_cluster_resources
 from airflow_provider_raybatch.pipeline.stages import (
     ENGINE_ERROR,
     INTERNAL_PREFIX,
@@ -52,8 +53,6 @@ from airflow_provider_raybatch.pipeline.storage import (
 
 log = logging.getLogger(__name__)
 
-#: CPUs Ray Data's read tasks need beside the stages' replicas.
-READ_CPUS = 1
 #: Rows buffered per output row group: small Ray blocks must not become tiny row groups.
 ROW_GROUP_ROWS = 65_536
 PROGRESS_INTERVAL_S = 10.0
@@ -119,8 +118,10 @@ def run_batch_inference(
         with ray_session(ray_address, namespace):
             # Transforms are built on the driver before anything is scheduled; a factory checks what it
             # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
-            transforms = {i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if s.transform}
-            _check_resources(config.stages)
+            transforms = {
+                i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
+            }
+            check_cluster_resources([(s.display_name, s) for s in config.stages])
             _stream(config, plan, ledger, pending, keep, in_fs, progress, transforms)
     summary = progress.summary(config.output_path, time.monotonic() - started)
     _check_errors(config, progress)
@@ -288,45 +289,6 @@ def _commit_empty_range(
     ledger.commit(row_range.id, tmp, 0)
 
 
-def _check_resources(stages: list[Stage]) -> None:
-    """Refuse what the cluster cannot run: Ray Data would otherwise wait silently, forever."""
-    import ray
-
-    resources = ray.cluster_resources()
-    cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
-    for stage in stages:
-        where = f"stage {stage.display_name!r}"
-        if stage.num_gpus > gpus:
-            raise ConfigError(
-                f"{where} asks for num_gpus={stage.num_gpus} per replica but the Ray cluster has {gpus:g} GPU(s)"
-            )
-        if stage.accelerator_type and f"accelerator_type:{stage.accelerator_type}" not in resources:
-            raise ConfigError(
-                f"{where} asks for accelerator_type={stage.accelerator_type!r}, which no node of the Ray cluster has"
-            )
-        missing = [name for name, amount in (stage.resources or {}).items() if amount > resources.get(name, 0)]
-        if missing:
-            raise ConfigError(
-                f"{where} asks for resources {stage.resources}, but the Ray cluster offers {missing} "
-                f"in smaller amounts or not at all"
-            )
-        if stage.memory and stage.memory > resources.get("memory", 0):
-            raise ConfigError(
-                f"{where} asks for memory={stage.memory} bytes per replica, more than the Ray cluster has"
-            )
-    gpu_need = sum(s.num_gpus * s.min_replicas for s in stages)
-    if gpu_need > gpus:
-        raise ConfigError(f"the stages need {gpu_need:g} GPUs (replicas x num_gpus) but the Ray cluster has {gpus:g}")
-    cpu_need = sum(s.num_cpus * s.min_replicas for s in stages)
-    if cpu_need + READ_CPUS > cpus:
-        detail = ", ".join(f"{s.display_name}: {s.min_replicas} x {s.num_cpus:g}" for s in stages)
-        raise ConfigError(
-            f"the stages reserve {cpu_need:g} CPUs (replicas x num_cpus: {detail}) and reading needs {READ_CPUS}, "
-            f"but the Ray cluster has {cpus:g} CPUs: the pipeline would stall waiting for a CPU. "
-            "Lower concurrency or num_cpus (fractions such as 0.5 are allowed)."
-        )
-
-
 def _stream(
     config: BatchInferenceConfig,
     plan: Plan,
@@ -338,7 +300,7 @@ def _stream(
     transforms: dict[int, Any],
 ) -> None:
     import ray
-    from ray.data import ActorPoolStrategy, DataContext
+    from ray.data import DataContext
 
     from airflow_provider_raybatch.pipeline.datasource import RangeDatasource
 
@@ -348,28 +310,19 @@ def _stream(
     # small blocks (20 x 5,000 rows for 10 ranges), and the per-block task overhead halved the
     # pipeline's throughput in benchmarks/throughput.py. Ranges are split only when there are
     # fewer than replicas, so that every replica still gets work.
-    replicas = max(s.concurrency[1] if isinstance(s.concurrency, tuple) else s.concurrency for s in config.stages)
+    replicas = max(s.max_replicas for s in config.stages)
     ds = ray.data.read_datasource(datasource, num_cpus=READ_CPUS, override_num_blocks=max(len(pending), replicas))
     for index, stage in enumerate(config.stages):
         if index in transforms:
             ds = transforms[index](ds)
             continue
-        pool = stage.concurrency
         ds = ds.map_batches(
             StageWorker,
             fn_constructor_kwargs={"stage": stage},
-            batch_size=stage.batch_size,
             batch_format="pyarrow",
             zero_copy_batch=True,
-            compute=ActorPoolStrategy(min_size=pool[0], max_size=pool[1])
-            if isinstance(pool, tuple)
-            else ActorPoolStrategy(size=pool),
-            num_cpus=stage.num_cpus,
-            num_gpus=stage.num_gpus,
-            memory=stage.memory,
-            accelerator_type=stage.accelerator_type,
-            resources=stage.resources,
             udf_modifying_row_count=False,
+            **stage.map_batches_kwargs(),
         )
     writers = _RangeWriters(ledger, plan, progress, config)
     try:
