@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> Results:
         )
 
     for rows in args.rows:
-        # Embedded Ray has 2 CPUs: 2 replicas x 0.5 CPU leave 1 CPU for reading (see _check_resources).
+        # Embedded Ray has 2 CPUs: 2 replicas x 0.5 CPU leave 1 CPU for reading (see check_cluster_resources).
         run("embedded (2 CPUs)", rows, 1, 1)
         run("embedded (2 CPUs)", rows, 2, 0.5)
     if not args.no_cluster:

@@ -1,9 +1,11 @@
 """LLM and VLM stages that run where Ray runs (no Airflow import; torch, transformers, vLLM and
 Ray are imported only inside what runs on Ray).
 
-- :mod:`.config`: ``ChatTask`` (what to ask), ``EngineConfig`` (which engine), ``build_stages``.
+- :mod:`.config`: ``ChatTask`` (what to ask) and ``EngineConfig`` (which engine, which model).
+- :mod:`.build`: ``build_stages``: the checks every engine shares, then the engine's stage.
+- :mod:`.engines`: one class per engine (``vllm``, ``transformers``, ``openai``), found by name.
 - :mod:`.images`: the image stage (decode, check, resize; rejects invalid images).
 - :mod:`.prompts`: chat messages from rows.
-- :mod:`.transformers_engine`: the Hugging Face ``generate`` engine (a batch predictor).
-- :mod:`.processors`: the vLLM and OpenAI-compatible engines (``ray.data.llm`` processors).
+- :mod:`.transformers_engine`: the Hugging Face ``generate`` actor (a batch predictor).
+- :mod:`.processors`: what the ``ray.data.llm`` engines share (requests, answers, rejects).
 """

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
 from airflow_provider_raybatch.pipeline.config import Stage
+from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -85,20 +86,26 @@ class RayBatchInferenceOperator(RayPipelineOperator):
         self.ray_resources = ray_resources
         self.batch_format = batch_format
 
+    def replica_resources(self) -> ReplicaResources:
+        """The predictor replicas' resources, from the rendered arguments."""
+        return ReplicaResources(
+            batch_size=self.batch_size,
+            concurrency=self.concurrency,
+            num_cpus=self.num_cpus,
+            num_gpus=self.num_gpus,
+            memory=self.memory,
+            accelerator_type=self.accelerator_type,
+            resources=self.ray_resources,
+        )
+
     def build_stages(self, context: Context) -> list[Stage]:
         if self.stages is not None:
             return list(self.stages)
         return [
             Stage(
-                predictor=self.predictor,
-                predictor_kwargs=self.predictor_kwargs,
-                batch_size=self.batch_size,
-                concurrency=self.concurrency,
-                num_cpus=self.num_cpus,
-                num_gpus=self.num_gpus,
-                memory=self.memory,
-                accelerator_type=self.accelerator_type,
-                resources=self.ray_resources,
+                self.predictor,
+                self.predictor_kwargs,
                 batch_format=self.batch_format,
+                **self.replica_resources().resource_kwargs(),
             )
         ]

@@ -65,6 +65,9 @@ class RayPipelineOperator(BaseOperator):
     :param max_rows: a smoke run: process only the input's first ``max_rows`` rows (templated).
         Recorded with the output, so a limited output is never resumed by a full run: give smoke
         runs their own output path.
+    :param max_error_fraction: the largest share of rows reaching a model that may fail (and go to
+        the rejects, as rows a predictor rejects with ``engine_error``) before the task fails; such
+        a failure is not retried, as a retry would count the same committed errors (templated).
     :param asset: the output's Asset, declared as an outlet; its event's ``extra`` holds the summary.
         Default: derived from ``output_path``'s static prefix (``file:///data/preds`` for
         ``/data/preds/{{ ds }}``), none if it has none; an ``Asset`` or URI; None: no outlet.
@@ -76,7 +79,15 @@ class RayPipelineOperator(BaseOperator):
         resets the output (``mode`` is applied by the planning task) and touches only its ranges.
     """
 
-    template_fields: Sequence[str] = ("input_path", "output_path", "columns", "keep_columns", "mode", "max_rows")
+    template_fields: Sequence[str] = (
+        "input_path",
+        "output_path",
+        "columns",
+        "keep_columns",
+        "mode",
+        "max_rows",
+        "max_error_fraction",
+    )
     operator_extra_links = (RayJobLink(),)
 
     def __init__(
@@ -94,6 +105,7 @@ class RayPipelineOperator(BaseOperator):
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 5.0,
         max_rows: int | None = None,
+        max_error_fraction: float = 0.01,
         asset: Asset | str | None = _DERIVED,
         plan_partitions: int | None = None,
         partition: dict[str, Any] | None = None,
@@ -101,6 +113,7 @@ class RayPipelineOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.max_rows = max_rows
+        self.max_error_fraction = max_error_fraction
         self.plan_partitions = plan_partitions
         self.partition = partition
         # A planning task writes no rows; the tasks of a mapped run would each emit an event for
@@ -147,6 +160,7 @@ class RayPipelineOperator(BaseOperator):
             run_key=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}",
             storage_options=storage_options(self.aws_conn_id),
             max_rows=self.max_rows,
+            max_error_fraction=float(self.max_error_fraction),
             range_ids=None if self.partition is None else Partition.from_dict(self.partition).range_ids,
         )
 

@@ -6,33 +6,38 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_provider_raybatch.llm.config import ChatTask
-from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInferenceOperator
+from airflow_provider_raybatch.operators.chat import ChatOperator
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant that generates accurate and descriptive captions for images."
 DEFAULT_PROMPT = "Describe this image in detail. Focus on the main subjects, actions, and setting."
 
 
-class VLMCaptionOperator(LLMBatchInferenceOperator):
+class VLMCaptionOperator(ChatOperator):
     """Caption every image of a Parquet input with a VLM on Ray Data; write the captions as Parquet.
 
     A CPU stage first decodes, checks and resizes each image: invalid ones (corrupt bytes,
     unreadable files, missing values) never reach the model; they are written with their row key
     and the reason to ``<output_path>/_rejects/`` and counted in the summary (``rows_rejected``).
     Valid images go to the engine as chat messages (``system_prompt``, then the image and
-    ``prompt``). Checkpointed ranges, engines, connections and ``max_error_fraction`` are those of
-    :class:`~airflow_provider_raybatch.operators.llm_batch_inference.LLMBatchInferenceOperator`.
+    ``prompt``). The model, engine, resources and connection are the parameters of
+    :class:`~airflow_provider_raybatch.operators.chat.ChatOperator`; paths, checkpointing and
+    ``max_error_fraction`` those of
+    :class:`~airflow_provider_raybatch.operators.ray_pipeline.RayPipelineOperator`.
 
     :param image_column: the column holding each image: encoded bytes (JPEG, PNG...), a
         ``{"bytes", "path"}`` struct as Hugging Face datasets write, or a path / URL string
         (local, ``http(s)://``, ``s3://`` with the environment's credentials) (templated).
     :param image_size: ``(width, height)`` each image is resized to before the model; None keeps
         the size.
+    :param system_prompt: the system message (templated).
+    :param prompt: the user message beside the image (templated).
     :param output_column: the column holding the captions (templated).
     :param keep_columns: input columns copied to the output; default none besides the row key
         (``id_column`` or ``_row_id``), so image bytes are not copied unless listed (templated).
     """
 
-    template_fields: Sequence[str] = (*LLMBatchInferenceOperator.template_fields, "image_column")
+    template_fields: Sequence[str] = (*ChatOperator.template_fields, "image_column")
+    ui_color = "#e8dcf7"
 
     def __init__(
         self,
@@ -45,8 +50,6 @@ class VLMCaptionOperator(LLMBatchInferenceOperator):
         keep_columns: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        if "choices" in kwargs:
-            raise TypeError("VLMCaptionOperator does not take choices; use LLMBatchInferenceOperator for text")
         super().__init__(
             system_prompt=system_prompt,
             prompt=prompt,

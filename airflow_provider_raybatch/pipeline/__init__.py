@@ -4,7 +4,7 @@ Nothing in this package imports Airflow, so a Ray cluster image needs only Ray a
 Ray itself is imported lazily, so the config objects can be imported anywhere.
 """
 
-from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage, TransformStage
 from airflow_provider_raybatch.pipeline.errors import (
     ConfigError,
     InputChangedError,
@@ -14,6 +14,7 @@ from airflow_provider_raybatch.pipeline.errors import (
     StageError,
     TooManyErrorsError,
 )
+from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
 __all__ = [
     "BatchInferenceConfig",
@@ -22,7 +23,9 @@ __all__ = [
     "InputError",
     "NotRetryableError",
     "RayBatchError",
+    "ReplicaResources",
     "Stage",
     "StageError",
     "TooManyErrorsError",
+    "TransformStage",
 ]

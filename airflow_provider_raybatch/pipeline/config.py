@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.resources import ReplicaResources, is_int
 
 #: Name of the row key written when ``id_column`` is None: ``file_index * 2**40 + row_in_file``,
 #: where ``file_index`` is the file's position in the plan's sorted file list.
@@ -19,8 +19,13 @@ MODES = ("resume", "overwrite")
 
 
 @dataclass
-class Stage:
+class Stage(ReplicaResources):
     """One model (or preprocessing step) applied with Ray Data ``map_batches``.
+
+    Its replicas' resources are those of :class:`~airflow_provider_raybatch.pipeline.resources.ReplicaResources`
+    (keyword arguments): ``batch_size`` (rows per call, default 256), ``concurrency`` (replicas,
+    or ``(min, max)`` to autoscale), ``num_cpus``, ``num_gpus``, ``memory`` (bytes),
+    ``accelerator_type`` and ``resources`` (custom Ray resources), all per replica.
 
     :param predictor: a class (constructed once per replica with ``predictor_kwargs``) or a
         function (called with each batch and ``predictor_kwargs``), or its import path
@@ -28,21 +33,7 @@ class Stage:
         returns a batch with the same number of rows.
     :param predictor_kwargs: constructor kwargs for a class, extra kwargs for a function.
     :param name: shown in logs and errors; defaults to the predictor's name.
-    :param batch_size: rows per call.
-    :param concurrency: replicas: a fixed number, or ``(min, max)`` for an autoscaling pool.
-    :param num_cpus: CPUs reserved per replica.
-    :param num_gpus: GPUs reserved per replica.
-    :param memory: bytes of memory reserved per replica.
-    :param accelerator_type: Ray accelerator type to schedule on, e.g. ``"A10G"``.
-    :param resources: custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``: the
-        replicas run only on nodes that offer them.
     :param batch_format: what the predictor receives: ``"numpy"``, ``"pandas"`` or ``"pyarrow"``.
-    :param transform: the predictor is not a batch UDF but a factory ``fn(stage)`` called once on
-        the driver that returns a dataset transform ``ds -> ds`` (a ``ray.data.llm`` processor, say),
-        applied as it is. A transform must carry the columns whose names start with
-        ``__raybatch_`` through to its output unchanged and must leave rows whose
-        ``__raybatch_reject`` is set unprocessed; the stage's resources are those its main
-        step reserves (what the resource check counts).
     :param input_columns: input columns this stage reads; for the first stage they are checked
         against the input before Ray starts, so a typo fails at once with the columns that exist.
     """
@@ -50,17 +41,11 @@ class Stage:
     predictor: str | Callable[..., Any] | type
     predictor_kwargs: dict[str, Any] = field(default_factory=dict)
     name: str | None = None
-    batch_size: int | None = 256
-    concurrency: int | tuple[int, int] = 1
-    num_cpus: float = 1
-    num_gpus: float = 0
-    memory: int | None = None
-    accelerator_type: str | None = None
-    resources: dict[str, float] | None = None
     batch_format: Literal["numpy", "pandas", "pyarrow"] = "numpy"
-    transform: bool = False
     input_columns: list[str] | None = None
 
+    #: How :meth:`to_spec` records the stage's type; :meth:`from_spec` builds it back.
+    kind: ClassVar[str] = "batch"
     # Airflow renders templates inside objects that declare template_fields.
     template_fields = ("predictor_kwargs",)
 
@@ -72,32 +57,11 @@ class Stage:
             return self.predictor.replace(":", ".").rsplit(".", 1)[-1]
         return getattr(self.predictor, "__name__", type(self.predictor).__name__)
 
-    @property
-    def min_replicas(self) -> int:
-        return self.concurrency[0] if isinstance(self.concurrency, tuple) else self.concurrency
-
     def validate(self) -> None:
         where = f"stage {self.display_name!r}"
-        if isinstance(self.concurrency, (list, tuple)):
-            if len(self.concurrency) != 2 or not 1 <= self.concurrency[0] <= self.concurrency[1]:
-                raise ConfigError(
-                    f"{where}: concurrency must be an int >= 1 or (min, max) with 1 <= min <= max, got {self.concurrency!r}"
-                )
-            self.concurrency = (int(self.concurrency[0]), int(self.concurrency[1]))
-        elif not _is_int(self.concurrency) or self.concurrency < 1:
-            raise ConfigError(f"{where}: concurrency must be an int >= 1 or (min, max), got {self.concurrency!r}")
-        if self.batch_size is not None and (not _is_int(self.batch_size) or self.batch_size < 1):
-            raise ConfigError(f"{where}: batch_size must be an integer >= 1 or None, got {self.batch_size!r}")
-        if not (_is_number(self.num_cpus) and _is_number(self.num_gpus)):
-            raise ConfigError(
-                f"{where}: num_cpus and num_gpus must be numbers, got {self.num_cpus!r}, {self.num_gpus!r}"
-            )
-        if self.num_cpus < 0 or self.num_gpus < 0:
-            raise ConfigError(f"{where}: num_cpus and num_gpus must be >= 0")
+        super().validate(where)
         if self.batch_format not in BATCH_FORMATS:
             raise ConfigError(f"{where}: batch_format must be one of {BATCH_FORMATS}, got {self.batch_format!r}")
-        if self.transform and isinstance(self.predictor, type):
-            raise ConfigError(f"{where}: a transform stage takes a factory function fn(stage), not a class")
         if not isinstance(self.predictor_kwargs, dict):
             raise ConfigError(f"{where}: predictor_kwargs must be a dict, got {type(self.predictor_kwargs).__name__}")
 
@@ -106,29 +70,58 @@ class Stage:
         predictor = self.predictor
         if not isinstance(predictor, str):
             predictor = f"{getattr(predictor, '__module__', '?')}:{getattr(predictor, '__qualname__', repr(predictor))}"
-        signature = {
+        return {
             "predictor": predictor,
             "predictor_kwargs": _jsonable(self.predictor_kwargs),
             "batch_format": self.batch_format,
         }
-        if self.transform:  # only when set: outputs planned before this field existed stay resumable
-            signature["transform"] = True
-        return signature
 
     def to_spec(self) -> dict[str, Any]:
         """A JSON-serialisable form, for running on a cluster: the predictor by import path."""
-        spec = {f.name: getattr(self, f.name) for f in fields(self)}
+        spec = {"kind": self.kind, **{f.name: getattr(self, f.name) for f in fields(self)}}
         spec["predictor"] = import_path(self.predictor, f"stage {self.display_name!r}")
         spec["concurrency"] = list(self.concurrency) if isinstance(self.concurrency, tuple) else self.concurrency
         _check_json(spec["predictor_kwargs"], f"stage {self.display_name!r}: predictor_kwargs")
         return spec
 
-    @classmethod
-    def from_spec(cls, spec: dict[str, Any]) -> Stage:
-        stage = cls(**spec)
+    @staticmethod
+    def from_spec(spec: dict[str, Any]) -> Stage:
+        """The stage (a :class:`Stage` or a :class:`TransformStage`) that :meth:`to_spec` described."""
+        spec = dict(spec)
+        kind = spec.pop("kind", Stage.kind)
+        kinds = {cls.kind: cls for cls in (Stage, TransformStage)}
+        if kind not in kinds:
+            raise ConfigError(f"unknown stage kind {kind!r} in a spec; known: {sorted(kinds)}")
+        stage = kinds[kind](**spec)
         if isinstance(stage.concurrency, list):
             stage.concurrency = (stage.concurrency[0], stage.concurrency[1])
         return stage
+
+
+@dataclass
+class TransformStage(Stage):
+    """A stage applied to the whole dataset, such as a ``ray.data.llm`` processor.
+
+    Its ``predictor`` is not a batch UDF but a factory ``fn(stage)`` (a function, or its import
+    path) called once on the driver; it returns a dataset transform ``ds -> ds``, applied as it
+    is. The transform must carry the columns whose names start with ``__raybatch_`` through to
+    its output unchanged and must leave rows whose ``__raybatch_reject`` is set unprocessed. The
+    stage's resources are those its main step reserves (what the resource check counts); the
+    factory reads them from the stage it is given.
+    """
+
+    kind: ClassVar[str] = "transform"
+
+    def validate(self) -> None:
+        super().validate()
+        if isinstance(self.predictor, type):
+            raise ConfigError(
+                f"stage {self.display_name!r}: a transform stage takes a factory function fn(stage), not a class"
+            )
+
+    def signature(self) -> dict[str, Any]:
+        # The key that outputs planned when this was a flag of Stage recorded: they stay resumable.
+        return {**super().signature(), "transform": True}
 
 
 @dataclass
@@ -183,7 +176,7 @@ class BatchInferenceConfig:
             stage.validate()
         if self.rows_per_range < 1:
             raise ConfigError(f"rows_per_range must be >= 1, got {self.rows_per_range}")
-        if self.max_rows is not None and (not _is_int(self.max_rows) or self.max_rows < 1):
+        if self.max_rows is not None and (not is_int(self.max_rows) or self.max_rows < 1):
             raise ConfigError(f"max_rows must be an integer >= 1 or None, got {self.max_rows!r}")
         if self.range_ids is not None and (isinstance(self.range_ids, str) or not self.range_ids):
             raise ConfigError(f"range_ids must be a non-empty list of range ids or None, got {self.range_ids!r}")
@@ -236,15 +229,6 @@ def import_path(obj: Any, where: str) -> str:
             "in a package the cluster can import, or pass its import path 'package.module:Name'"
         )
     return f"{module}:{qualname}"
-
-
-def _is_int(value: Any) -> bool:
-    # A templated value rendered as text ("8") is refused rather than compared with ints.
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _check_json(value: Any, where: str) -> None:

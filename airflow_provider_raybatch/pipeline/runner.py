@@ -13,11 +13,12 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
-from airflow_provider_raybatch.pipeline.errors import ConfigError, StageError
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
+from airflow_provider_raybatch.pipeline.errors import StageError
 from airflow_provider_raybatch.pipeline.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import prepare
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+from airflow_provider_raybatch.pipeline.resources import READ_CPUS, check_cluster_resources
 from airflow_provider_raybatch.pipeline.stages import (
     INTERNAL_PREFIX,
     RANGE_COLUMN,
@@ -31,9 +32,6 @@ from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 from airflow_provider_raybatch.pipeline.writers import RangeWriters
 
 log = logging.getLogger(__name__)
-
-#: CPUs Ray Data's read tasks need beside the stages' replicas.
-READ_CPUS = 1
 
 
 def run_batch_inference(
@@ -69,50 +67,13 @@ def run_batch_inference(
         with ray_session(ray_address, namespace):
             # Transforms are built on the driver before anything is scheduled; a factory checks what it
             # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
-            transforms = {i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if s.transform}
-            _check_resources(config.stages)
+            transforms = {
+                i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
+            }
+            check_cluster_resources([(s.display_name, s) for s in config.stages])
             _stream(config, plan, writers, pending, run.keep, run.in_fs, transforms)
     progress.check_errors(config.max_error_fraction, config.output_path, final=True)
     return progress.summary(config.output_path, time.monotonic() - started)
-
-
-def _check_resources(stages: list[Stage]) -> None:
-    """Refuse what the cluster cannot run: Ray Data would otherwise wait silently, forever."""
-    import ray
-
-    resources = ray.cluster_resources()
-    cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
-    for stage in stages:
-        where = f"stage {stage.display_name!r}"
-        if stage.num_gpus > gpus:
-            raise ConfigError(
-                f"{where} asks for num_gpus={stage.num_gpus} per replica but the Ray cluster has {gpus:g} GPU(s)"
-            )
-        if stage.accelerator_type and f"accelerator_type:{stage.accelerator_type}" not in resources:
-            raise ConfigError(
-                f"{where} asks for accelerator_type={stage.accelerator_type!r}, which no node of the Ray cluster has"
-            )
-        missing = [name for name, amount in (stage.resources or {}).items() if amount > resources.get(name, 0)]
-        if missing:
-            raise ConfigError(
-                f"{where} asks for resources {stage.resources}, but the Ray cluster offers {missing} "
-                f"in smaller amounts or not at all"
-            )
-        if stage.memory and stage.memory > resources.get("memory", 0):
-            raise ConfigError(
-                f"{where} asks for memory={stage.memory} bytes per replica, more than the Ray cluster has"
-            )
-    gpu_need = sum(s.num_gpus * s.min_replicas for s in stages)
-    if gpu_need > gpus:
-        raise ConfigError(f"the stages need {gpu_need:g} GPUs (replicas x num_gpus) but the Ray cluster has {gpus:g}")
-    cpu_need = sum(s.num_cpus * s.min_replicas for s in stages)
-    if cpu_need + READ_CPUS > cpus:
-        detail = ", ".join(f"{s.display_name}: {s.min_replicas} x {s.num_cpus:g}" for s in stages)
-        raise ConfigError(
-            f"the stages reserve {cpu_need:g} CPUs (replicas x num_cpus: {detail}) and reading needs {READ_CPUS}, "
-            f"but the Ray cluster has {cpus:g} CPUs: the pipeline would stall waiting for a CPU. "
-            "Lower concurrency or num_cpus (fractions such as 0.5 are allowed)."
-        )
 
 
 def _stream(
@@ -125,7 +86,7 @@ def _stream(
     transforms: dict[int, Any],
 ) -> None:
     import ray
-    from ray.data import ActorPoolStrategy, DataContext
+    from ray.data import DataContext
 
     from airflow_provider_raybatch.pipeline.datasource import RangeDatasource
 
@@ -135,28 +96,19 @@ def _stream(
     # small blocks (20 x 5,000 rows for 10 ranges), and the per-block task overhead halved the
     # pipeline's throughput in benchmarks/throughput.py. Ranges are split only when there are
     # fewer than replicas, so that every replica still gets work.
-    replicas = max(s.concurrency[1] if isinstance(s.concurrency, tuple) else s.concurrency for s in config.stages)
+    replicas = max(s.max_replicas for s in config.stages)
     ds = ray.data.read_datasource(datasource, num_cpus=READ_CPUS, override_num_blocks=max(len(pending), replicas))
     for index, stage in enumerate(config.stages):
         if index in transforms:
             ds = transforms[index](ds)
             continue
-        pool = stage.concurrency
         ds = ds.map_batches(
             StageWorker,
             fn_constructor_kwargs={"stage": stage},
-            batch_size=stage.batch_size,
             batch_format="pyarrow",
             zero_copy_batch=True,
-            compute=ActorPoolStrategy(min_size=pool[0], max_size=pool[1])
-            if isinstance(pool, tuple)
-            else ActorPoolStrategy(size=pool),
-            num_cpus=stage.num_cpus,
-            num_gpus=stage.num_gpus,
-            memory=stage.memory,
-            accelerator_type=stage.accelerator_type,
-            resources=stage.resources,
             udf_modifying_row_count=False,
+            **stage.map_batches_kwargs(),
         )
     try:
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):

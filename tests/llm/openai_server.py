@@ -20,9 +20,10 @@ def completion(content: str) -> dict[str, Any]:
 
 
 class OpenAIServer:
-    """``POST /v1/chat/completions`` answered by ``respond(body) -> (status, json)``; records requests."""
+    """``POST /v1/chat/completions`` (or ``route``) answered by ``respond(body) -> (status, json)``;
+    records requests."""
 
-    def __init__(self, respond: Responder):
+    def __init__(self, respond: Responder, route: str = "/v1/chat/completions"):
         self.respond = respond
         self.requests: list[dict[str, Any]] = []
         server = self
@@ -32,7 +33,7 @@ class OpenAIServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 status, payload = (404, {"error": {"message": "no such route"}})
-                if self.path == "/v1/chat/completions":
+                if self.path == route:
                     status, payload = server.respond(body)
                 data = json.dumps(payload).encode()
                 self.send_response(status)

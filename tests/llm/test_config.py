@@ -9,66 +9,88 @@ import json
 import pyarrow as pa
 import pytest
 
-from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig, build_stages
+from airflow_provider_raybatch.llm.build import build_stages
+from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
+from airflow_provider_raybatch.llm.engines import get_engine
+from airflow_provider_raybatch.llm.engines.openai import parse_response, payload
 from airflow_provider_raybatch.llm.images import PrepareImages
-from airflow_provider_raybatch.llm.processors import (
-    ChatAnswer,
-    ChatRequest,
-    finish_row,
-    openai_payload,
-    parse_openai_response,
-)
+from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, finish_row
 from airflow_provider_raybatch.llm.prompts import chat_messages
-from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TransformStage
 from tests.llm.images import image_bytes
 
 
 def test_stages_are_json_specs_without_secrets():
     task = ChatTask(prompt="Describe.", image_column="jpg", image_size=(64, 48), sampling_params={"max_tokens": 8})
-    engine = EngineConfig("openai", "gpt-4o-mini", base_url="http://127.0.0.1:1/v1", concurrency=(1, 2))
-    stages = build_stages(task, engine)
+    engine = EngineConfig("openai", "gpt-4o-mini", base_url="http://127.0.0.1:1/v1")
+    stages = build_stages(task, engine, ReplicaResources(batch_size=8, concurrency=[1, 2], num_gpus=None))
     assert [s.display_name for s in stages] == ["prepare_images", "openai"]
-    assert stages[0].input_columns == ["jpg"] and stages[1].transform
+    assert stages[0].input_columns == ["jpg"] and isinstance(stages[1], TransformStage)
     spec = json.loads(json.dumps(BatchInferenceConfig("in", "out", stages).to_spec()))
     again = BatchInferenceConfig.from_spec(spec)
     assert again.stages == stages
     assert ChatTask.from_dict(again.stages[1].predictor_kwargs["task"]) == task
-    assert EngineConfig.from_stage(again.stages[1]) == engine
+    assert EngineConfig(**again.stages[1].predictor_kwargs["engine"]) == engine
     # Resources are the stage's fields, not its kwargs: scaling them keeps a resumable output's settings.
-    assert "concurrency" not in again.stages[1].predictor_kwargs["engine"] and again.stages[1].concurrency == (1, 2)
+    assert again.stages[1].concurrency == (1, 2) and again.stages[1].num_gpus == 0
+    assert (again.stages[0].batch_size, again.stages[0].num_cpus) == (8, 0.5)
     assert again.stages[1].predictor_kwargs["engine"]["api_key_env"] == "RAYBATCH_OPENAI_API_KEY"
 
 
 @pytest.mark.parametrize(
-    ("task", "engine", "message"),
+    ("task", "engine", "resources", "message"),
     [
-        ({}, {"engine": "tgi"}, r"engine must be one of \('vllm', 'transformers', 'openai'\)"),
-        ({"prompt": "Industry of {Company!x"}, {}, "not a valid template"),
-        ({"prompt": "Industry of {}"}, {}, "prompt fields must name columns"),
-        ({"choices": []}, {}, "choices must be a non-empty list"),
-        ({"choices": ["a", "a"]}, {}, "distinct"),
-        ({"choices": ["a"], "image_column": "jpg"}, {}, "choices are supported for text prompts only"),
+        ({}, {"engine": "sglang"}, {}, r"engine must be one of \(.*'openai'.*'transformers'.*'vllm'.*\), got 'sglang'"),
+        ({"prompt": "Industry of {Company!x"}, {}, {}, "not a valid template"),
+        ({"prompt": "Industry of {}"}, {}, {}, "prompt fields must name columns"),
+        ({"choices": []}, {}, {}, "choices must be a non-empty list"),
+        ({"choices": ["a", "a"]}, {}, {}, "distinct"),
+        ({"choices": ["a"], "image_column": "jpg"}, {}, {}, "choices are supported for text prompts only"),
         (
             {"sampling_params": {"max_tokens": 4, "structured_outputs": {}}},
             {},
+            {},
             r"sampling_params \['structured_outputs'\] are not supported by engine='transformers'",
         ),
-        ({"image_size": (0, 10), "image_column": "jpg"}, {}, "image_size must be"),
-        ({}, {"engine": "openai"}, "engine='openai' needs base_url"),
+        ({"image_size": (0, 10), "image_column": "jpg"}, {}, {}, "image_size must be"),
+        ({}, {"engine": "openai"}, {}, "engine='openai' needs base_url"),
         (
             {},
-            {"engine": "vllm", "num_gpus": 1, "engine_kwargs": {"tensor_parallel_size": 2}},
+            {"engine": "vllm", "engine_kwargs": {"tensor_parallel_size": 2}},
+            {"num_gpus": 1},
             "tensor_parallel_size x pipeline_parallel_size = 2",
         ),
-        ({"output_column": "__x"}, {}, "output_column must be a plain column name"),
+        (
+            {},
+            {"engine": "vllm", "engine_kwargs": {"tensor_parallel_size": 2}},
+            {"num_gpus": None, "resources": {"big": 1}},
+            "engine='vllm' reserves memory and custom resources only for one GPU per replica",
+        ),
+        ({}, {}, {"batch_size": 0}, "engine 'transformers': batch_size must be an integer >= 1"),
+        ({"output_column": "__x"}, {}, {}, "output_column must be a plain column name"),
     ],
 )
-def test_bad_settings_name_the_setting(task, engine, message):
+def test_bad_settings_name_the_setting(task, engine, resources, message):
     with pytest.raises(ConfigError, match=message):
         build_stages(
             ChatTask(**{"prompt": "Industry of {Company}", **task}),
             EngineConfig(**{"engine": "transformers", "model": "m", **engine}),
+            ReplicaResources(**{"batch_size": 16, "num_gpus": None, **resources}),
         )
+
+
+def test_each_engine_decides_its_gpus_and_its_stage():
+    task = ChatTask(prompt="Industry of {Company}")
+    tp2 = EngineConfig("vllm", "m", engine_kwargs={"tensor_parallel_size": 2})
+    (vllm,) = build_stages(task, tp2, ReplicaResources(concurrency=2, num_gpus=None, memory=None))
+    assert isinstance(vllm, TransformStage) and vllm.num_gpus == 2 and vllm.input_columns == ["Company"]
+    assert vllm.predictor == "airflow_provider_raybatch.llm.processors:build_vllm_transform"
+    (hf,) = build_stages(task, EngineConfig("transformers", "m"), ReplicaResources(num_gpus=None, memory=2**30))
+    assert type(hf).__name__ == "Stage" and (hf.num_gpus, hf.memory, hf.batch_size) == (0, 2**30, 256)
+    assert hf.predictor == "airflow_provider_raybatch.llm.transformers_engine:TransformersChat"
+    (default,) = build_stages(task, EngineConfig("transformers", "m"))  # no resources: 16 rows, 1 CPU, engine's GPUs
+    assert (default.batch_size, default.num_cpus, default.num_gpus, default.concurrency) == (16, 1, 0, 1)
+    assert get_engine("openai").needs_endpoint and not get_engine("vllm").needs_endpoint
 
 
 def test_messages_are_openai_style_with_the_image_as_a_data_url():
@@ -85,16 +107,19 @@ def test_messages_are_openai_style_with_the_image_as_a_data_url():
 
 def test_requests_answers_and_rejected_rows_through_the_processor_hooks():
     task = ChatTask(prompt="Industry of {Company}", choices=["Tech", "Retail"], sampling_params={"temperature": 0})
-    vllm = ChatRequest(task.to_dict(), "vllm")({"Company": "Acme", "__raybatch_range": 3})
+    vllm_engine, openai_engine = get_engine("vllm"), get_engine("openai")
+    vllm = ChatRequest(task, EngineConfig("vllm", "m"), vllm_engine)({"Company": "Acme", "__raybatch_range": 3})
     assert vllm["sampling_params"] == {"temperature": 0, "structured_outputs": {"choice": ["Tech", "Retail"]}}
     assert vllm["messages"] == [{"role": "user", "content": "Industry of Acme"}]
     # A row rejected earlier skips every ray.data.llm stage.
-    assert ChatRequest(task.to_dict(), "vllm")({"__raybatch_reject": "bad image"}) == {
+    assert ChatRequest(task, EngineConfig("vllm", "m"), vllm_engine)({"__raybatch_reject": "bad image"}) == {
         "__inference_error__": "rejected by an earlier stage"
     }
-    payload = openai_payload(task, "m", vllm["messages"])
-    assert payload["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"] == ["Tech", "Retail"]
-    answer = ChatAnswer(task.to_dict(), "openai")
+    body = payload(task, "m", vllm["messages"])
+    assert body["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"] == ["Tech", "Retail"]
+    request = ChatRequest(task, EngineConfig("openai", "served-model"), openai_engine)({"Company": "Acme"})
+    assert request == {"payload": {**body, "model": "served-model", "temperature": 0}}
+    answer = ChatAnswer(task, openai_engine)
     ok = {"choices": [{"message": {"content": '{"answer": "Retail"}'}}]}
     row = {"__raybatch_range": 3, "__raybatch_keep:id": 7, "Company": "Acme", "http_response": ok}
     assert answer(row) == {
@@ -109,7 +134,7 @@ def test_requests_answers_and_rejected_rows_through_the_processor_hooks():
         answer({**row, "http_response": outside})["__raybatch_reject"]
         == "the answer 'Mining' is not one of the choices"
     )
-    assert parse_openai_response({"error": {"message": "context too long"}}, task) == (
+    assert parse_response({"error": {"message": "context too long"}}, task) == (
         None,
         "the endpoint returned an error: context too long",
     )

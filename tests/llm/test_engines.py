@@ -16,9 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.examples.llm_data import INDUSTRIES, write_companies
-from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig, build_stages
-from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, vllm_preflight, vllm_processor_config
-from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, TooManyErrorsError
+from airflow_provider_raybatch.llm.build import build_stages
+from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
+from airflow_provider_raybatch.llm.engines import get_engine
+from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, processor_transform, reserve
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TooManyErrorsError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.llm.images import CORRUPT, write_images
 from tests.pipeline.test_runner import commit_count, kill_leftovers
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 REPO = Path(__file__).resolve().parents[2]
 
 
-def vlm_config(tmp_path, model, **engine) -> BatchInferenceConfig:
+def vlm_config(tmp_path, model) -> BatchInferenceConfig:
     task = ChatTask(
         prompt="Describe this image.",
         system_prompt="You write captions.",
@@ -36,11 +38,10 @@ def vlm_config(tmp_path, model, **engine) -> BatchInferenceConfig:
         sampling_params={"max_tokens": 6},
         output_column="caption",
     )
-    engine = EngineConfig("transformers", str(model), **{"batch_size": 8, "num_cpus": 0.5, **engine})
     return BatchInferenceConfig(
         str(tmp_path / "in"),
         str(tmp_path / "out"),
-        build_stages(task, engine),
+        build_stages(task, EngineConfig("transformers", str(model)), ReplicaResources(batch_size=8, num_cpus=0.5)),
         id_column="id",
         keep_columns=[],
         rows_per_range=10,
@@ -80,11 +81,11 @@ def test_choices_every_answer_is_a_member_and_too_long_prompts_are_engine_errors
         choices=INDUSTRIES,
         output_column="industry",
     )
-    engine = EngineConfig("transformers", str(tiny_models["qwen2"]), batch_size=50, num_cpus=0.5)
+    engine = EngineConfig("transformers", str(tiny_models["qwen2"]))
     cfg = BatchInferenceConfig(
         str(tmp_path / "in"),
         str(tmp_path / "out"),
-        build_stages(task, engine),
+        build_stages(task, engine, ReplicaResources(batch_size=50, num_cpus=0.5)),
         id_column="id",
         keep_columns=["Company"],
         rows_per_range=100,
@@ -148,10 +149,11 @@ def test_vllm_processor_as_built_without_vllm(tiny_models):
         image_column="jpg",
         sampling_params={"temperature": 0.3, "max_tokens": 256},
     )
-    engine = EngineConfig("vllm", str(tiny_models["llava"]), engine_kwargs={"max_model_len": 8192}, batch_size=16)
-    config = vllm_processor_config(task, engine)
+    engine = EngineConfig("vllm", str(tiny_models["llava"]), engine_kwargs={"max_model_len": 8192})
+    vllm = get_engine("vllm")
+    config = vllm.processor_config(task, engine, ReplicaResources(batch_size=16, num_gpus=1))
     assert config.should_continue_on_error and config.batch_size == 16
-    processor = build_processor(config, preprocess=ChatRequest(task.to_dict(), "vllm"))
+    processor = build_processor(config, preprocess=ChatRequest(task, engine, vllm))
     assert processor.list_stage_names() == [
         "PrepareMultimodalStage",
         "ChatTemplateStage",
@@ -163,17 +165,38 @@ def test_vllm_processor_as_built_without_vllm(tiny_models):
     assert llm.fn_constructor_kwargs["engine_kwargs"]["max_model_len"] == 8192
     assert llm.fn_constructor_kwargs["should_continue_on_error"] is True
     assert llm.map_batches_kwargs["num_gpus"] == 1
-    request = ChatRequest(task.to_dict(), "vllm")({"raybatch_image_png": b"\x89PNG..."})
+    request = ChatRequest(task, engine, vllm)({"raybatch_image_png": b"\x89PNG..."})
     assert request["sampling_params"] == {"temperature": 0.3, "max_tokens": 256}
     assert request["messages"][1]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
 
     text = ChatTask(prompt="Industry of {Company}", choices=["Tech", "Retail"])
-    text_processor = build_processor(vllm_processor_config(text, EngineConfig("vllm", str(tiny_models["qwen2"]))))
+    qwen = EngineConfig("vllm", str(tiny_models["qwen2"]))
+    text_processor = build_processor(vllm.processor_config(text, qwen, ReplicaResources(num_gpus=1)))
     assert "PrepareMultimodalStage" not in text_processor.list_stage_names()
-    assert ChatRequest(text.to_dict(), "vllm")({"Company": "Acme"})["sampling_params"] == {
+    assert ChatRequest(text, qwen, vllm)({"Company": "Acme"})["sampling_params"] == {
         "structured_outputs": {"choice": ["Tech", "Retail"]}
     }
-    assert ChatAnswer(text.to_dict(), "vllm")({"generated_text": "Tech"})["generated_text"] == "Tech"
+    assert ChatAnswer(text, vllm)({"generated_text": "Tech"})["generated_text"] == "Tech"
+
+
+def test_memory_and_custom_resources_reach_the_processors_engine_stage(tiny_models):
+    """What the vLLM and HTTP stages of Ray's processors would reserve (built, not run: no vLLM here)."""
+    from ray.data.llm import build_processor
+
+    task = ChatTask(prompt="Industry of {Company}")
+    engine, config = get_engine("vllm"), EngineConfig("vllm", str(tiny_models["qwen2"]))
+    resources = ReplicaResources(batch_size=8, num_gpus=None, memory=3 * 2**30, resources={"big_node": 1})
+    (vllm_stage,) = build_stages(task, config, resources)
+    processor = build_processor(engine.processor_config(task, config, vllm_stage))
+    reserve(processor, engine, vllm_stage)  # as processor_transform does after vLLM's preflight
+    vllm = processor.get_stage_by_name("vLLMEngineStage")
+    assert vllm.map_batches_kwargs["memory"] == 3 * 2**30 and vllm.map_batches_kwargs["resources"] == {"big_node": 1}
+    assert vllm.map_batches_kwargs["num_gpus"] == 1
+    openai = EngineConfig("openai", "m", base_url="http://127.0.0.1:1/v1")
+    (http_stage,) = build_stages(task, openai, ReplicaResources(num_cpus=0.25, memory=2**30, resources={"egress": 1}))
+    http = processor_transform(get_engine("openai"), http_stage).processor.get_stage_by_name("HttpRequestStage")
+    assert (http.map_batches_kwargs["num_cpus"], http.map_batches_kwargs["memory"]) == (0.25, 2**30)
+    assert http.map_batches_kwargs["resources"] == {"egress": 1}
 
 
 def test_vllm_refuses_at_once_without_vllm_or_without_gpus(tmp_path, tiny_models):
@@ -187,4 +210,6 @@ def test_vllm_refuses_at_once_without_vllm_or_without_gpus(tmp_path, tiny_models
     assert commit_count(tmp_path / "out") == 0
     # With vllm importable (the seam: where vllm is looked up), the missing GPUs are named.
     with pytest.raises(ConfigError, match=r"engine='vllm' needs 2 GPU\(s\) .* but the Ray cluster has 0"):
-        vllm_preflight(EngineConfig("vllm", "m", concurrency=2), find_spec=lambda name: object())
+        get_engine("vllm").preflight(
+            EngineConfig("vllm", "m"), ReplicaResources(concurrency=2, num_gpus=1), find_spec=lambda name: object()
+        )

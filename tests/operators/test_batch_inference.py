@@ -168,3 +168,32 @@ def test_s3_credentials_come_from_an_airflow_aws_connection(tmp_path, s3_server,
     # The secret reaches fsspec only: not the summary (XCom), not the output's bookkeeping.
     assert summary["rows_out"] == 120 and "testing" not in json.dumps(summary)
     assert b"testing" not in fs.cat("raybatch-test/op-out/2026-11-20/_raybatch/plan.json")
+
+
+def test_max_error_fraction_bounds_the_rows_a_predictor_rejects(tmp_path, capfd):
+    write_input(tmp_path / "in", [300])
+    # 4 engine errors among 300 rows: within 2 %, past the default 1 % of a second output.
+    errors = {"error_ids": [11, 151, 152, 291]}
+    with DAG("reject_fraction", schedule=None, start_date=LOGICAL_DATE) as dag:
+        for task_id, fraction in (("tolerant", {"max_error_fraction": "{{ params.fraction }}"}), ("strict", {})):
+            RayBatchInferenceOperator(
+                task_id=task_id,
+                predictor="tests.predictors:RejectSome",
+                predictor_kwargs=errors,
+                input_path=str(tmp_path / "in"),
+                output_path=str(tmp_path / task_id),
+                id_column="id",
+                rows_per_range=100,
+                num_cpus=0.5,
+                retries=2,
+                params={"fraction": 0.02},
+                **fraction,
+            )
+    run = run_dag(dag, LOGICAL_DATE)
+    tolerant, strict = run.get_task_instance("tolerant"), run.get_task_instance("strict")
+    assert tolerant.state == "success" and tolerant.xcom_pull(task_ids="tolerant")["engine_errors"] == 4
+    assert strict.state == "failed" and strict.try_number == 1  # not retried: the errors are committed
+    assert "4 of 300 rows that reached a model failed (1.3%), more than max_error_fraction=0.01" in "".join(
+        capfd.readouterr()
+    )
+    assert sorted(pq.read_table(str(tmp_path / "strict" / "_rejects"))["id"].to_pylist()) == [11, 151, 152, 291]

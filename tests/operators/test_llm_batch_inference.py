@@ -110,3 +110,25 @@ def test_vllm_unavailable_fails_at_once_without_retries(tmp_path, capfd):
     assert ti.state == "failed" and ti.try_number == 1
     assert "engine='vllm' needs the vllm package where the job runs" in "".join(capfd.readouterr())
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("part-*"))
+
+
+def test_memory_and_ray_resources_reach_the_engine_stage_and_the_resource_check(tmp_path, capfd):
+    operator = LLMBatchInferenceOperator(
+        task_id="resources",
+        input_path=str(tmp_path / "companies"),
+        output_path=str(tmp_path / "out"),
+        prompt="What industry is this company in: {Company}",
+        model="m",
+        engine="transformers",
+        concurrency=[1, 2],  # as a Param renders it
+        memory=2**30,
+        ray_resources={"big_node": 1},
+    )
+    (stage,) = operator.build_stages({})
+    assert (stage.memory, stage.resources, stage.concurrency) == (2**30, {"big_node": 1}, (1, 2))
+    # In a run, the resource check reads them: no node offers big_node, so the task fails at once.
+    llm_data.write_companies(tmp_path / "companies", 20)
+    dag = classify_dag(tmp_path, "llm_resources", engine="transformers", model="m", ray_resources={"big_node": 1})
+    ti = run_dag(dag, LOGICAL_DATE).get_task_instance("classify")
+    assert ti.state == "failed" and ti.try_number == 1
+    assert "stage 'transformers' asks for resources {'big_node': 1}" in "".join(capfd.readouterr())

@@ -91,3 +91,13 @@ def test_openai_engine_sends_images_as_data_urls_and_keeps_the_key_secret(tmp_pa
     out, err = capfd.readouterr()
     assert SECRET not in caplog.text and SECRET not in out + err
     assert "RAYBATCH_OPENAI_API_KEY" not in os.environ
+
+
+def test_the_engine_replicas_get_memory_and_ray_resources_and_there_are_no_choices():
+    common = {"input_path": "in", "output_path": "out", "model": "m", "engine": "transformers", "image_column": "jpg"}
+    operator = VLMCaptionOperator(task_id="caption", memory=2**30, ray_resources={"big_node": 1}, **common)
+    images, engine = operator.build_stages({})
+    assert (engine.memory, engine.resources) == (2**30, {"big_node": 1})
+    assert (images.memory, images.resources) == (None, None)  # the CPU image stage reserves neither
+    with pytest.raises(TypeError, match="choices"):
+        VLMCaptionOperator(task_id="choose", choices=["cat", "dog"], **common)

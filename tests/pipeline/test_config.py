@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, Stage
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, Stage, TransformStage
 from tests.predictors import SumModel
 
 
@@ -41,3 +41,28 @@ def test_what_cannot_travel_is_refused_with_the_stage_named():
         config(Stage(lambda batch: batch, name="lambda")).to_spec()
     with pytest.raises(ConfigError, match="stage 'Scale': predictor_kwargs must be JSON-serialisable"):
         config(Stage("tests.predictors:Scale", {"factor": object()})).to_spec()
+
+
+def test_a_transform_stage_round_trips_and_keeps_the_signature_outputs_recorded():
+    stage = TransformStage("tests.predictors:doubling_transform", {"k": 1}, concurrency=(1, 2), num_cpus=0.5)
+    spec = json.loads(json.dumps(config(stage, Stage("tests.predictors:Scale", {"factor": 2.0})).to_spec()))
+    assert [s["kind"] for s in spec["stages"]] == ["transform", "batch"]
+    again = BatchInferenceConfig.from_spec(spec)
+    assert isinstance(again.stages[0], TransformStage) and again.stages[0] == stage
+    assert type(again.stages[1]) is Stage
+    # As an output planned when transform stages were Stage(transform=True) recorded it in plan.json:
+    # the same signature, so such an output still resumes.
+    assert again.job_signature()["stages"][0] == {
+        "predictor": "tests.predictors:doubling_transform",
+        "predictor_kwargs": {"k": 1},
+        "batch_format": "numpy",
+        "transform": True,
+    }
+    assert "transform" not in again.job_signature()["stages"][1]
+
+
+def test_a_transform_stage_takes_a_factory_not_a_class():
+    with pytest.raises(ConfigError, match="stage 'SumModel': a transform stage takes a factory function"):
+        TransformStage(SumModel).validate()
+    with pytest.raises(TypeError):
+        Stage("tests.predictors:doubling_transform", transform=True)  # the flag is gone: the type says it

@@ -7,7 +7,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooManyErrorsError
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooManyErrorsError, TransformStage
 from airflow_provider_raybatch.pipeline.errors import StageError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.data import write_input
@@ -90,7 +90,7 @@ def test_too_many_engine_errors_stop_the_run_early(tmp_path):
 
 def test_a_transform_stage_keeps_internal_columns_and_skips_rejects(tmp_path):
     write_input(tmp_path / "in", [200])
-    then = Stage("tests.predictors:doubling_transform", transform=True, batch_size=50, num_cpus=0.5)
+    then = TransformStage("tests.predictors:doubling_transform", batch_size=50, num_cpus=0.5)
     summary = run_batch_inference(reject_config(tmp_path, {"invalid_every": 10}, then=then, keep_columns=["group"]))
     out = pq.read_table(str(tmp_path / "out")).sort_by("id")
     assert set(out.column_names) == {"id", "group", "score", "doubled"}
@@ -101,7 +101,7 @@ def test_a_transform_stage_keeps_internal_columns_and_skips_rejects(tmp_path):
 
 def test_a_transform_that_drops_internal_columns_is_named(tmp_path):
     write_input(tmp_path / "in", [100])
-    then = Stage("tests.predictors:dropping_transform", transform=True, num_cpus=0)
+    then = TransformStage("tests.predictors:dropping_transform", num_cpus=0)
     with pytest.raises(StageError, match="transform stage dropped the internal columns"):
         run_batch_inference(reject_config(tmp_path, {}, then=then))
 
@@ -112,11 +112,11 @@ def test_stages_round_trip_through_the_json_spec():
         "out",
         [
             Stage("tests.predictors:RejectSome", {"invalid_every": 3}, input_columns=["id"]),
-            Stage("tests.predictors:doubling_transform", transform=True, concurrency=(1, 2)),
+            TransformStage("tests.predictors:doubling_transform", concurrency=(1, 2)),
         ],
         max_error_fraction=0.05,
     )
     spec = json.loads(json.dumps(cfg.to_spec()))
     again = BatchInferenceConfig.from_spec(spec)
-    assert again == cfg and again.stages[1].transform and again.max_error_fraction == 0.05
+    assert again == cfg and isinstance(again.stages[1], TransformStage) and again.max_error_fraction == 0.05
     assert again.job_signature() == cfg.job_signature()

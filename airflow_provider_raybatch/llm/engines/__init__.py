@@ -1,0 +1,28 @@
+"""The engines, one class each, found by name: :func:`get_engine` (see :mod:`.base` to add one).
+
+Importing this package registers the built-in engines: ``openai``, ``transformers``, ``vllm``.
+"""
+
+from airflow_provider_raybatch.llm.engines.base import (
+    Engine,
+    ProcessorEngine,
+    engine_names,
+    find_engine,
+    get_engine,
+    register,
+)
+from airflow_provider_raybatch.llm.engines.openai import OpenAIEngine
+from airflow_provider_raybatch.llm.engines.transformers import TransformersEngine
+from airflow_provider_raybatch.llm.engines.vllm import VLLMEngine
+
+__all__ = [
+    "Engine",
+    "OpenAIEngine",
+    "ProcessorEngine",
+    "TransformersEngine",
+    "VLLMEngine",
+    "engine_names",
+    "find_engine",
+    "get_engine",
+    "register",
+]

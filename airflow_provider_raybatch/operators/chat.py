@@ -1,0 +1,211 @@
+"""What the chat-model operators share: the model, its engine and prompts, the engine replicas'
+resources, and an endpoint engine's connection."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+
+from airflow_provider_raybatch.llm.build import build_stages
+from airflow_provider_raybatch.llm.config import DEFAULT_API_KEY_ENV, ChatTask, EngineConfig
+from airflow_provider_raybatch.llm.engines import find_engine, get_engine
+from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
+from airflow_provider_raybatch.pipeline.config import Stage
+from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.resources import ReplicaResources
+
+if TYPE_CHECKING:
+    from airflow.sdk import Connection, Context
+
+
+class ChatOperator(RayPipelineOperator):
+    """Base of the operators that ask a chat model about every row (:meth:`chat_task` says what).
+
+    Rows run in the checkpointed ranges of :class:`RayPipelineOperator` (paths, ``keep_columns``,
+    ``id_column``, ``mode``, ``max_error_fraction``, ``ray_conn_id``... are its parameters), so a
+    retry resumes and writes each row exactly once. A row the engine fails on goes to
+    ``<output_path>/_rejects/`` with the error.
+
+    :param prompt: the user message; ``{column}`` fields are filled from each row (templated).
+    :param model: a model id or local folder (``vllm``, ``transformers``); the served model name
+        (``openai``) (templated).
+    :param engine: ``"vllm"`` (``ray.data.llm`` with vLLM, on GPUs), ``"transformers"`` (Hugging
+        Face ``generate`` in a Ray Data actor, CPU or GPU), ``"openai"`` (any OpenAI-compatible
+        endpoint, from the ``openai_conn_id`` connection) or another registered engine (templated).
+    :param system_prompt: an optional system message, with ``{column}`` fields too (templated).
+    :param sampling_params: vLLM-style sampling parameters, e.g. ``{"temperature": 0.3,
+        "max_tokens": 256}`` (templated).
+    :param engine_kwargs: engine arguments: vLLM engine args (``max_model_len``,
+        ``tensor_parallel_size``, ``quantization``, ``max_num_seqs``...); transformers
+        ``max_model_len``, ``device``, ``dtype``, ``num_threads``; openai ``max_retries``, ``qps``
+        (templated).
+    :param output_column: the column holding the answers (templated).
+    :param batch_size: rows per engine call (templated).
+    :param concurrency: engine replicas, or ``(min, max)`` (templated).
+    :param num_cpus: CPUs per engine replica (templated).
+    :param num_gpus: GPUs per engine replica; None: the engine's default (vLLM: tensor x pipeline
+        parallel size; transformers and openai: 0) (templated).
+    :param memory: bytes of memory per engine replica.
+    :param accelerator_type: Ray accelerator type per replica, e.g. ``"L4"``.
+    :param ray_resources: custom Ray resources per engine replica, e.g. ``{"big_memory_node": 1}``
+        (``resources`` of ``map_batches``; Airflow's ``resources`` argument is another thing).
+    :param openai_conn_id: for an endpoint engine (``openai``): a connection whose host is the
+        endpoint's base URL (``https://api.openai.com/v1``) and whose password is the API key.
+    :param api_key_env: the environment variable through which the key reaches the pipeline's
+        driver: set by this operator for an embedded Ray; on a Ray cluster it must be set in the
+        cluster's environment (the key never travels with the job).
+    """
+
+    template_fields: Sequence[str] = (
+        *RayPipelineOperator.template_fields,
+        "prompt",
+        "system_prompt",
+        "model",
+        "engine",
+        "sampling_params",
+        "engine_kwargs",
+        "output_column",
+        "batch_size",
+        "concurrency",
+        "num_cpus",
+        "num_gpus",
+    )
+    template_fields_renderers = {"sampling_params": "json", "engine_kwargs": "json"}
+
+    def __init__(
+        self,
+        *,
+        prompt: str,
+        model: str,
+        engine: str = "vllm",
+        system_prompt: str | None = None,
+        sampling_params: dict[str, Any] | None = None,
+        engine_kwargs: dict[str, Any] | None = None,
+        output_column: str = "generated_text",
+        batch_size: int = 16,
+        concurrency: int | tuple[int, int] = 1,
+        num_cpus: float = 0.5,
+        num_gpus: float | None = None,
+        memory: int | None = None,
+        accelerator_type: str | None = None,
+        ray_resources: dict[str, float] | None = None,
+        openai_conn_id: str = "openai_default",
+        api_key_env: str = DEFAULT_API_KEY_ENV,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.prompt = prompt
+        self.model = model
+        self.engine = engine
+        self.system_prompt = system_prompt
+        self.sampling_params = sampling_params or {}
+        self.engine_kwargs = engine_kwargs or {}
+        self.output_column = output_column
+        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.num_cpus = num_cpus
+        self.num_gpus = num_gpus
+        self.memory = memory
+        self.accelerator_type = accelerator_type
+        self.ray_resources = ray_resources
+        self.openai_conn_id = openai_conn_id
+        self.api_key_env = api_key_env
+
+    def chat_task(self) -> ChatTask:
+        """What to ask, from the rendered arguments (a subclass adds its own)."""
+        return ChatTask(
+            prompt=self.prompt,
+            system_prompt=self.system_prompt or None,
+            output_column=self.output_column,
+            sampling_params=as_kind(self.sampling_params, dict, "sampling_params"),
+        )
+
+    def engine_config(self) -> EngineConfig:
+        """Which engine answers, from the rendered arguments (and the connection for an endpoint)."""
+        return EngineConfig(
+            engine=self.engine,
+            model=self.model,
+            engine_kwargs=as_kind(self.engine_kwargs, dict, "engine_kwargs"),
+            base_url=self._endpoint_base_url() if get_engine(self.engine).needs_endpoint else None,
+            api_key_env=self.api_key_env,
+        )
+
+    def replica_resources(self) -> ReplicaResources:
+        """The engine replicas' resources, from the rendered arguments."""
+        num_gpus = self.num_gpus if self.num_gpus not in ("", "None") else None
+        return ReplicaResources(
+            batch_size=int(self.batch_size),
+            concurrency=as_kind(self.concurrency, (int, list, tuple), "concurrency"),
+            num_cpus=float(self.num_cpus),
+            num_gpus=None if num_gpus is None else float(num_gpus),
+            memory=self.memory,
+            accelerator_type=self.accelerator_type,
+            resources=self.ray_resources,
+        )
+
+    def build_stages(self, context: Context) -> list[Stage]:
+        return build_stages(self.chat_task(), self.engine_config(), self.replica_resources())
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with self._api_key_in_environment():
+            return super().execute(context)
+
+    @cached_property
+    def openai_connection(self) -> Connection:
+        """The ``openai_conn_id`` connection: host = the endpoint's base URL, password = the API key."""
+        return BaseHook.get_connection(self.openai_conn_id)
+
+    def _endpoint_base_url(self) -> str:
+        conn = self.openai_connection
+        if not conn.host:
+            raise ConfigError(f"connection {self.openai_conn_id!r} has no host: set it to the endpoint's base URL")
+        host = conn.host.rstrip("/")
+        if "://" not in host:
+            host = f"{conn.schema or 'https'}://{host}"
+        if conn.port and ":" not in host.split("://", 1)[1].split("/", 1)[0]:
+            scheme, rest = host.split("://", 1)
+            netloc, _, path = rest.partition("/")
+            host = f"{scheme}://{netloc}:{conn.port}" + (f"/{path}" if path else "")
+        return host
+
+    @contextmanager
+    def _api_key_in_environment(self) -> Iterator[None]:
+        """For an endpoint engine on an embedded Ray: the key reaches the pipeline's driver (this
+        process) through ``api_key_env`` only, for the duration of the run."""
+        engine = find_engine(self.engine)  # an unknown engine fails in build_stages, naming the known ones
+        if engine is None or not engine.needs_endpoint:
+            yield
+            return
+        if self.hook.cluster is not None:
+            self.log.info("Ray cluster: the API key is read from $%s in the cluster's environment", self.api_key_env)
+            yield
+            return
+        key = self.openai_connection.password
+        previous = os.environ.get(self.api_key_env)
+        if key:
+            os.environ[self.api_key_env] = key
+        try:
+            yield
+        finally:
+            if previous is None:
+                os.environ.pop(self.api_key_env, None)
+            else:
+                os.environ[self.api_key_env] = previous
+
+
+def as_kind(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
+    """A rendered argument as ``kind``: Jinja renders to strings unless ``render_template_as_native_obj``."""
+    if isinstance(value, str) and not (isinstance(kind, type) and kind is str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ConfigError(f"{name} must be {kind}, got the string {value!r}") from e
+    if not isinstance(value, kind):
+        raise ConfigError(f"{name} must be {kind}, got {type(value).__name__}")
+    return value

@@ -1,0 +1,156 @@
+"""What each replica of a stage reserves on Ray, and the check that the cluster can give it.
+
+:class:`ReplicaResources` is the one type for a stage's replicas: a pipeline
+:class:`~airflow_provider_raybatch.pipeline.config.Stage` is one, an LLM engine's stage is
+built from one, and the operators build one from their arguments. Ray is imported only inside
+what runs on Ray.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from airflow_provider_raybatch.pipeline.errors import ConfigError
+
+#: CPUs Ray Data's read tasks need beside the stages' replicas.
+READ_CPUS = 1
+
+
+@dataclass(kw_only=True)
+class ReplicaResources:
+    """How many replicas run a stage, how big their batches are and what each one reserves.
+
+    :param batch_size: rows per call.
+    :param concurrency: replicas: a fixed number, or ``(min, max)`` for an autoscaling pool.
+    :param num_cpus: CPUs reserved per replica.
+    :param num_gpus: GPUs reserved per replica. None only before a stage is built: the builder
+        decides (an LLM engine uses its own count, e.g. vLLM's tensor x pipeline parallel size).
+    :param memory: bytes of memory reserved per replica.
+    :param accelerator_type: Ray accelerator type to schedule on, e.g. ``"A10G"``.
+    :param resources: custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``: the
+        replicas run only on nodes that offer them.
+    """
+
+    batch_size: int | None = 256
+    concurrency: int | tuple[int, int] = 1
+    num_cpus: float = 1
+    num_gpus: float | None = 0
+    memory: int | None = None
+    accelerator_type: str | None = None
+    resources: dict[str, float] | None = None
+
+    @property
+    def min_replicas(self) -> int:
+        return self.concurrency[0] if isinstance(self.concurrency, tuple) else self.concurrency
+
+    @property
+    def max_replicas(self) -> int:
+        return self.concurrency[1] if isinstance(self.concurrency, tuple) else self.concurrency
+
+    def resource_kwargs(self) -> dict[str, Any]:
+        """These fields alone, as keyword arguments (to build a stage from them)."""
+        return {f.name: getattr(self, f.name) for f in fields(ReplicaResources)}
+
+    def validate(self, where: str) -> None:
+        """Refuse values Ray would reject late or misread; a ``[min, max]`` list becomes a tuple.
+
+        :param where: what the errors name, e.g. ``"stage 'Embedder'"``.
+        """
+        if isinstance(self.concurrency, (list, tuple)):
+            if len(self.concurrency) != 2 or not 1 <= self.concurrency[0] <= self.concurrency[1]:
+                raise ConfigError(
+                    f"{where}: concurrency must be an int >= 1 or (min, max) with 1 <= min <= max, got {self.concurrency!r}"
+                )
+            self.concurrency = (int(self.concurrency[0]), int(self.concurrency[1]))
+        elif not is_int(self.concurrency) or self.concurrency < 1:
+            raise ConfigError(f"{where}: concurrency must be an int >= 1 or (min, max), got {self.concurrency!r}")
+        if self.batch_size is not None and (not is_int(self.batch_size) or self.batch_size < 1):
+            raise ConfigError(f"{where}: batch_size must be an integer >= 1 or None, got {self.batch_size!r}")
+        if not (is_number(self.num_cpus) and is_number(self.num_gpus)):
+            raise ConfigError(
+                f"{where}: num_cpus and num_gpus must be numbers, got {self.num_cpus!r}, {self.num_gpus!r}"
+            )
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ConfigError(f"{where}: num_cpus and num_gpus must be >= 0")
+        if self.memory is not None and (not is_number(self.memory) or self.memory < 0):
+            raise ConfigError(f"{where}: memory must be a number of bytes or None, got {self.memory!r}")
+        if self.resources is not None and (
+            not isinstance(self.resources, dict)
+            or not all(isinstance(k, str) and is_number(v) and v >= 0 for k, v in self.resources.items())
+        ):
+            raise ConfigError(f"{where}: resources must be a dict of resource name to amount, got {self.resources!r}")
+
+    def map_batches_kwargs(self) -> dict[str, Any]:
+        """Ray Data ``map_batches`` arguments for an actor pool of these replicas."""
+        from ray.data import ActorPoolStrategy
+
+        if isinstance(self.concurrency, tuple):
+            compute = ActorPoolStrategy(min_size=self.min_replicas, max_size=self.max_replicas)
+        else:
+            compute = ActorPoolStrategy(size=self.concurrency)
+        return {
+            "batch_size": self.batch_size,
+            "compute": compute,
+            "num_cpus": self.num_cpus,
+            "num_gpus": self.num_gpus,
+            "memory": self.memory,
+            "accelerator_type": self.accelerator_type,
+            "resources": self.resources,
+        }
+
+
+def check_cluster_resources(stages: Sequence[tuple[str, ReplicaResources]]) -> None:
+    """Refuse what the cluster cannot run: Ray Data would otherwise wait silently, forever.
+
+    Counts each stage's minimum replicas, and :data:`READ_CPUS` for reading. Call it where the
+    pipeline runs, after Ray is up.
+
+    :param stages: each stage's name (for the errors) and resources, in order.
+    """
+    import ray
+
+    resources = ray.cluster_resources()
+    cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
+    for name, stage in stages:
+        where = f"stage {name!r}"
+        if stage.num_gpus > gpus:
+            raise ConfigError(
+                f"{where} asks for num_gpus={stage.num_gpus} per replica but the Ray cluster has {gpus:g} GPU(s)"
+            )
+        if stage.accelerator_type and f"accelerator_type:{stage.accelerator_type}" not in resources:
+            raise ConfigError(
+                f"{where} asks for accelerator_type={stage.accelerator_type!r}, which no node of the Ray cluster has"
+            )
+        missing = [name for name, amount in (stage.resources or {}).items() if amount > resources.get(name, 0)]
+        if missing:
+            raise ConfigError(
+                f"{where} asks for resources {stage.resources}, but the Ray cluster offers {missing} "
+                f"in smaller amounts or not at all"
+            )
+        if stage.memory and stage.memory > resources.get("memory", 0):
+            raise ConfigError(
+                f"{where} asks for memory={stage.memory} bytes per replica, more than the Ray cluster has"
+            )
+    gpu_need = sum(s.num_gpus * s.min_replicas for _, s in stages)
+    if gpu_need > gpus:
+        raise ConfigError(f"the stages need {gpu_need:g} GPUs (replicas x num_gpus) but the Ray cluster has {gpus:g}")
+    cpu_need = sum(s.num_cpus * s.min_replicas for _, s in stages)
+    if cpu_need + READ_CPUS > cpus:
+        detail = ", ".join(f"{name}: {s.min_replicas} x {s.num_cpus:g}" for name, s in stages)
+        raise ConfigError(
+            f"the stages reserve {cpu_need:g} CPUs (replicas x num_cpus: {detail}) and reading needs {READ_CPUS}, "
+            f"but the Ray cluster has {cpus:g} CPUs: the pipeline would stall waiting for a CPU. "
+            "Lower concurrency or num_cpus (fractions such as 0.5 are allowed)."
+        )
+
+
+def is_int(value: Any) -> bool:
+    # A templated value rendered as text ("8") is refused rather than compared with ints.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
