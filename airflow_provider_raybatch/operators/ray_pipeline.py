@@ -24,7 +24,7 @@ from airflow_provider_raybatch.credentials import storage_options
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.lineage import operator_lineage
 from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
-from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S, BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError
 
 if TYPE_CHECKING:
@@ -68,6 +68,9 @@ class RayPipelineOperator(BaseOperator):
     :param max_error_fraction: the largest share of rows reaching a model that may fail (and go to
         the rejects, as rows a predictor rejects with ``engine_error``) before the task fails; such
         a failure is not retried, as a retry would count the same committed errors (templated).
+    :param lease_timeout: seconds without a heartbeat after which another task may take over the
+        output's writer lease from a silent writer (a frozen or lost worker). While a writer's
+        lease is live, a second task on the same output fails at once (and retries) naming it.
     :param asset: the output's Asset, declared as an outlet; its event's ``extra`` holds the summary.
         Default: derived from ``output_path``'s static prefix (``file:///data/preds`` for
         ``/data/preds/{{ ds }}``), none if it has none; an ``Asset`` or URI; None: no outlet.
@@ -106,6 +109,7 @@ class RayPipelineOperator(BaseOperator):
         poll_interval: float = 5.0,
         max_rows: int | None = None,
         max_error_fraction: float = 0.01,
+        lease_timeout: float = DEFAULT_LEASE_TIMEOUT_S,
         asset: Asset | str | None = _DERIVED,
         plan_partitions: int | None = None,
         partition: dict[str, Any] | None = None,
@@ -114,6 +118,7 @@ class RayPipelineOperator(BaseOperator):
         super().__init__(**kwargs)
         self.max_rows = max_rows
         self.max_error_fraction = max_error_fraction
+        self.lease_timeout = lease_timeout
         self.plan_partitions = plan_partitions
         self.partition = partition
         # A planning task writes no rows; the tasks of a mapped run would each emit an event for
@@ -161,6 +166,8 @@ class RayPipelineOperator(BaseOperator):
             storage_options=storage_options(self.aws_conn_id),
             max_rows=self.max_rows,
             max_error_fraction=float(self.max_error_fraction),
+            try_number=ti.try_number,
+            lease_timeout=self.lease_timeout,
             range_ids=None if self.partition is None else Partition.from_dict(self.partition).range_ids,
         )
 

@@ -8,12 +8,16 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
-from airflow_provider_raybatch.pipeline.resources import ReplicaResources, is_int
+from airflow_provider_raybatch.pipeline.resources import ReplicaResources, is_int, is_number
 
 #: Name of the row key written when ``id_column`` is None: ``file_index * 2**40 + row_in_file``,
 #: where ``file_index`` is the file's position in the plan's sorted file list.
 ROW_ID_COLUMN = "_row_id"
 
+#: Seconds without a heartbeat after which a writer's lease may be taken over: long enough that a
+#: loaded host or a slow object store never loses a live writer's lease, short enough that a retry
+#: on another host after a lost worker waits only about as long as Airflow's default retry delay.
+DEFAULT_LEASE_TIMEOUT_S = 120.0
 BATCH_FORMATS = ("numpy", "pandas", "pyarrow")
 MODES = ("resume", "overwrite")
 
@@ -149,6 +153,9 @@ class BatchInferenceConfig:
         reached a model (rows a stage rejected as ``engine_error``, over those rows plus the rows
         written). Past it the run fails with :class:`TooManyErrorsError`. Rows rejected as invalid
         input never reached a model and do not count.
+    :param try_number: the Airflow try running it, named in the output's writer lease.
+    :param lease_timeout: seconds without a heartbeat after which the output's writer lease of a
+        silent writer may be taken over (see :mod:`~airflow_provider_raybatch.pipeline.lease`).
     """
 
     input_path: str
@@ -164,6 +171,8 @@ class BatchInferenceConfig:
     range_ids: list[str] | None = None
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
     max_error_fraction: float = 0.01
+    try_number: int | None = None
+    lease_timeout: float = DEFAULT_LEASE_TIMEOUT_S
 
     def validate(self) -> None:
         if not self.input_path:
@@ -180,6 +189,8 @@ class BatchInferenceConfig:
             raise ConfigError(f"max_rows must be an integer >= 1 or None, got {self.max_rows!r}")
         if self.range_ids is not None and (isinstance(self.range_ids, str) or not self.range_ids):
             raise ConfigError(f"range_ids must be a non-empty list of range ids or None, got {self.range_ids!r}")
+        if not is_number(self.lease_timeout) or self.lease_timeout <= 0:
+            raise ConfigError(f"lease_timeout must be a number of seconds > 0, got {self.lease_timeout!r}")
         if not 0 <= self.max_error_fraction <= 1:
             raise ConfigError(f"max_error_fraction must be between 0 and 1, got {self.max_error_fraction!r}")
         if self.mode not in MODES:

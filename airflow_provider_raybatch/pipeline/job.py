@@ -55,7 +55,9 @@ def main(argv: list[str]) -> int:
 
     try:
         config = BatchInferenceConfig.from_spec(spec["config"])
-        summary = run_batch_inference(config, ray_address="auto", namespace=spec.get("namespace"))
+        summary = run_batch_inference(
+            config, ray_address="auto", namespace=spec.get("namespace"), ray_job=spec["submission_id"]
+        )
     except NotRetryableError as e:
         print(f"{ERROR_PREFIX}{e}", file=sys.stderr, flush=True)
         return NOT_RETRYABLE_EXIT

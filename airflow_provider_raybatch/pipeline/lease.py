@@ -35,9 +35,6 @@ from airflow_provider_raybatch.pipeline.storage import fsync, is_local, read_jso
 
 log = logging.getLogger(__name__)
 
-#: Default seconds without a heartbeat after which a lease may be taken over.
-DEFAULT_LEASE_TIMEOUT_S = 120.0
-
 
 class OutputBusyError(RayBatchError):
     """Another writer holds the lease; retrying later may pass once it has finished or died."""
@@ -124,36 +121,47 @@ class Lease:
 
     # --- taking and giving back -------------------------------------------------------------
 
+    def live(self) -> _Record | None:
+        """The current record if its holder still counts as writing (None: free to take)."""
+        return self._live(self.current())
+
+    def _live(self, current: _Record | None) -> _Record | None:
+        if current is None or current.released:
+            return None
+        age = time.time() - current.heartbeat
+        if current.holder.is_dead_here():
+            log.warning("Lease on %s: its holder (%s) has ended", self.display, current.holder.describe())
+            return None
+        if age > self.timeout_s:
+            log.warning(
+                "Lease on %s: no heartbeat from %s for %.0f s (lease_timeout=%g s): it may be taken over",
+                self.display,
+                current.holder.describe(),
+                age,
+                self.timeout_s,
+            )
+            return None
+        return current
+
+    def busy_error(self, record: _Record) -> OutputBusyError:
+        return OutputBusyError(
+            f"{self.display} is being written by {record.holder.describe()} since {_clock(record.taken_at)}; "
+            f"last heartbeat {time.time() - record.heartbeat:.0f} s ago (taken over after {self.timeout_s:g} s "
+            "without one). Two writers at once would mix their results: retry once it has finished."
+        )
+
     def acquire(self) -> None:
         """Take the lease, or raise :class:`OutputBusyError` naming the live holder."""
         current = self.current()
-        if current is not None and not current.released:
-            age = time.time() - current.heartbeat
-            if current.holder.is_dead_here():
-                log.warning(
-                    "Taking over the lease of %s: its holder (%s) has ended", self.display, current.holder.describe()
-                )
-            elif age <= self.timeout_s:
-                raise OutputBusyError(
-                    f"output {self.display} is being written by {current.holder.describe()} since "
-                    f"{_clock(current.taken_at)}; last heartbeat {age:.0f} s ago (taken over after {self.timeout_s:g} s "
-                    "without one). Two writers at once would mix their results: retry once it has finished."
-                )
-            else:
-                log.warning(
-                    "Taking over the lease of %s from %s: no heartbeat for %.0f s (lease_timeout=%g s)",
-                    self.display,
-                    current.holder.describe(),
-                    age,
-                    self.timeout_s,
-                )
+        if self._live(current) is not None:
+            raise self.busy_error(current)
         generation = 1 if current is None else current.generation + 1
         now = time.time()
         record = _Record(generation, self.holder, now, now)
         if not self._create(self._path(generation), record):
             winner = self.current()
             who = winner.holder.describe() if winner else "another writer"
-            raise OutputBusyError(f"output {self.display} was taken by {who} at the same moment; retry later")
+            raise OutputBusyError(f"{self.display} was taken by {who} at the same moment; retry later")
         self.record, self._renewed = record, time.monotonic()
         self._remove_older(generation)
         self._thread = threading.Thread(target=self._heartbeat, name="raybatch-lease", daemon=True)

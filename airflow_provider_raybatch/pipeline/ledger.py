@@ -7,6 +7,8 @@ Layout of an output folder::
     _raybatch/plan.json              input fingerprint, ranges, job signature, run key
     _raybatch/commits/<range id>.json  one record per committed range: its file and row count
     _raybatch/tmp/                   files being written, published by a rename when complete
+    _raybatch/lease/                 the writer lease of the whole output (see :mod:`.lease`)
+    _raybatch/leases/<partition>/    the writer lease of one partition's ranges
     _raybatch/jobs/<submission id>.json  summary of a run submitted as a Ray Job
 
 A range is committed by (1) writing its files under ``_raybatch/tmp/``, (2) moving them to
@@ -18,8 +20,10 @@ accepted rows.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -32,6 +36,8 @@ from airflow_provider_raybatch.pipeline.storage import ensure_folder, fsync, rea
 
 META_DIR = "_raybatch"
 REJECTS_DIR = "_rejects"
+LEASE_DIR = "lease"
+PARTITION_LEASES_DIR = "leases"
 #: The layout version this code writes, and the newest it reads.
 PLAN_VERSION = 1
 
@@ -65,6 +71,8 @@ class OutputLedger:
         self.plan_path = f"{self.meta}/plan.json"
         self.commits_dir = f"{self.meta}/commits"
         self.tmp_dir = f"{self.meta}/tmp"
+        #: Called before every publish, commit record and removal: raises once this writer lost its lease.
+        self.fence: Callable[[], None] = lambda: None
         self.rejects_dir = f"{root}/{REJECTS_DIR}"
 
     @classmethod
@@ -72,6 +80,17 @@ class OutputLedger:
         """The ledger of the output folder ``output_path`` (local or a URL)."""
         fs, path = resolve(output_path, storage_options)
         return cls(fs, path, output_path)
+
+    def lease_folder(self, range_ids: list[str] | None = None) -> str:
+        """Where the lease of the whole output (None) or of one partition's ranges lives."""
+        if range_ids is None:
+            return f"{self.meta}/{LEASE_DIR}"
+        key = hashlib.sha256("\n".join(range_ids).encode()).hexdigest()[:16]
+        return f"{self.meta}/{PARTITION_LEASES_DIR}/{key}"
+
+    def partition_lease_folders(self) -> list[str]:
+        folder = f"{self.meta}/{PARTITION_LEASES_DIR}"
+        return self.fs.ls(folder, detail=False) if self.fs.isdir(folder) else []
 
     def data_file(self, range_id: str) -> str:
         return f"{self.root}/part-{range_id}.parquet"
@@ -134,6 +153,7 @@ class OutputLedger:
         ``engine_errors`` failed in a model.
         """
         files = []
+        self.fence()
         for tmp, final in ((tmp_path, self.data_file(range_id)), (rejects_tmp_path, self.rejects_file(range_id))):
             if tmp is not None:
                 folder = posixpath.dirname(final)
@@ -144,6 +164,7 @@ class OutputLedger:
                 files.append(posixpath.relpath(final, self.root))
         if files:
             crash_point("published")
+        self.fence()
         record: dict[str, Any] = {"range_id": range_id, "files": files, "rows": rows}
         if rejected:  # only when there are rejects: records of outputs without any stay as they were
             record.update(rejected=rejected, engine_errors=engine_errors)
@@ -169,19 +190,28 @@ class OutputLedger:
             # part-<id>.parquet and tmp/part-<id>.<uuid>.parquet both start with "part-<id>.".
             prefixes = tuple(f"part-{range_id}." for range_id in range_ids)
             stale = [p for p in stale if posixpath.basename(p).startswith(prefixes)]
+        if stale:
+            self.fence()
         for path in stale:
             self.fs.rm(path, recursive=True)
         return stale
 
     def reset(self) -> None:
         """Remove what this protocol wrote (``mode="overwrite"``): part files, ``_rejects/`` and
-        ``_raybatch/``. Anything else in the folder is someone else's and stays."""
+        ``_raybatch/`` except its leases. Anything else in the folder is someone else's and stays."""
         if not self.fs.isdir(self.root):
             return
-        for path in self.fs.ls(self.root, detail=False):
-            name = posixpath.basename(path.rstrip("/"))
-            if name in (META_DIR, REJECTS_DIR) or _is_part_file(name):
-                self.fs.rm(path, recursive=True)
+        self.fence()
+        doomed = [p for p in self.fs.ls(self.root, detail=False) if _is_part_file(posixpath.basename(p.rstrip("/")))]
+        if self.fs.isdir(self.rejects_dir):
+            doomed.append(self.rejects_dir)
+        if self.fs.isdir(self.meta):
+            leases = (LEASE_DIR, PARTITION_LEASES_DIR)
+            doomed += [
+                p for p in self.fs.ls(self.meta, detail=False) if posixpath.basename(p.rstrip("/")) not in leases
+            ]
+        for path in doomed:
+            self.fs.rm(path, recursive=True)
 
 
 def _is_part_file(name: str) -> bool:

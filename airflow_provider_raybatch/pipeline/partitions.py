@@ -71,7 +71,9 @@ def plan_partitions(config: BatchInferenceConfig, partitions: int) -> list[Parti
         raise ConfigError(f"partitions must be an integer >= 1, got {partitions!r}")
     if config.range_ids is not None:
         raise ConfigError("plan_partitions plans a whole output: range_ids must be None")
-    ranges = prepare(config).plan.ranges
+    run = prepare(config)
+    run.release()  # planning holds the output's lease only while it records the plan or resets
+    ranges = run.plan.ranges
     count = min(partitions, len(ranges))
     groups = [ranges[i * len(ranges) // count : (i + 1) * len(ranges) // count] for i in range(count)]
     result = [Partition(i, count, [r.id for r in group], sum(r.rows for r in group)) for i, group in enumerate(groups)]

@@ -16,6 +16,7 @@ from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
+from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger, PlanRecord
 from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
 from airflow_provider_raybatch.pipeline.stages import resolve_predictor
@@ -33,6 +34,8 @@ class PreparedRun:
     :param committed: range id -> commit record of the ranges (of the partition) already committed.
     :param keep: input columns carried to the output (the row key first).
     :param in_fs: the input's filesystem.
+    :param lease: this writer's lease on the output (or on the partition's ranges), held until
+        :meth:`release`; every commit and removal of ``ledger`` checks it first.
     """
 
     plan: Plan
@@ -40,13 +43,20 @@ class PreparedRun:
     committed: dict[str, dict[str, Any]]
     keep: list[str]
     in_fs: AbstractFileSystem
+    lease: Lease
+
+    def release(self) -> None:
+        self.lease.release()
 
 
-def prepare(config: BatchInferenceConfig) -> PreparedRun:
-    """Check ``config`` against its input and output and prepare the output; nothing runs on Ray.
+def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> PreparedRun:
+    """Check ``config`` against its input and output, take the writer lease and prepare the output.
 
     Raises :class:`ConfigError` / :class:`InputError` (naming the setting, path or column at
-    fault) before anything is written.
+    fault) before anything is written, and :class:`OutputBusyError` when another writer holds
+    the output. Nothing runs on Ray. The caller releases the lease (:meth:`PreparedRun.release`).
+
+    :param ray_job: the Ray Job whose driver this is, named in the lease.
     """
     config.validate()
     for stage in config.stages:
@@ -77,12 +87,43 @@ def prepare(config: BatchInferenceConfig) -> PreparedRun:
             f"columns read: {plan.schema.names}"
         )
     ledger = OutputLedger(out_fs, out_path, config.output_path)
+    lease = _take_lease(config, ledger, LeaseHolder(config.run_key, config.try_number, ray_job))
+    try:
+        if config.range_ids is None:
+            committed = _open_output(config, plan, ledger)
+        else:
+            committed = _open_partition(config, plan, ledger)
+            plan = select_ranges(plan, config.range_ids)
+    except BaseException:
+        lease.release()
+        raise
+    return PreparedRun(plan, ledger, committed, keep, in_fs, lease)
+
+
+def _take_lease(config: BatchInferenceConfig, ledger: OutputLedger, holder: LeaseHolder) -> Lease:
+    """The lease of the whole output, or of a partition's ranges; the ledger is fenced by it.
+
+    A whole-output writer (a run, or the planning task of a mapped run) and a partition's writer
+    exclude each other: each takes its own lease, then fails if the other kind is live.
+    """
+
+    def make(folder: str, display: str) -> Lease:
+        return Lease(ledger.fs, folder, display, holder, config.lease_timeout)
+
+    output = f"output {config.output_path}"
     if config.range_ids is None:
-        committed = _open_output(config, plan, ledger)
+        lease = make(ledger.lease_folder(), output)
+        others = [make(folder, f"a partition of {output}") for folder in ledger.partition_lease_folders()]
     else:
-        committed = _open_partition(config, plan, ledger)
-        plan = select_ranges(plan, config.range_ids)
-    return PreparedRun(plan, ledger, committed, keep, in_fs)
+        lease = make(ledger.lease_folder(config.range_ids), f"the partition's ranges of {output}")
+        others = [make(ledger.lease_folder(), output)]
+    lease.acquire()
+    for other in others:
+        if (record := other.live()) is not None:
+            lease.release()
+            raise other.busy_error(record)
+    ledger.fence = lease.check
+    return lease
 
 
 def _keep_columns(config: BatchInferenceConfig, plan: Plan) -> list[str]:

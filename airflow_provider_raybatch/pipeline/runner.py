@@ -16,7 +16,7 @@ from fsspec import AbstractFileSystem
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
 from airflow_provider_raybatch.pipeline.errors import StageError
 from airflow_provider_raybatch.pipeline.planner import Plan
-from airflow_provider_raybatch.pipeline.prepare import prepare
+from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
 from airflow_provider_raybatch.pipeline.resources import READ_CPUS, check_cluster_resources
 from airflow_provider_raybatch.pipeline.stages import (
@@ -35,20 +35,38 @@ log = logging.getLogger(__name__)
 
 
 def run_batch_inference(
-    config: BatchInferenceConfig, *, ray_address: str | None = None, namespace: str | None = None
+    config: BatchInferenceConfig,
+    *,
+    ray_address: str | None = None,
+    namespace: str | None = None,
+    ray_job: str | None = None,
 ) -> RunSummary:
     """Run ``config`` to completion and return its summary.
 
     Everything that can be checked without Ray is checked first (:func:`.prepare.prepare`):
     settings, predictors, input files and columns, the output folder. A finished output returns
-    at once, without Ray.
+    at once, without Ray. The output's writer lease is held from before anything is written or
+    removed until the end.
 
     :param ray_address: None starts an embedded local Ray (unless one is running in this
         process); ``"auto"`` joins the cluster this process runs on (a Ray Job's driver).
     :param namespace: the Ray namespace to join.
+    :param ray_job: the submission id of the Ray Job whose driver this is (named in the lease).
     """
     started = time.monotonic()
-    run = prepare(config)
+    run = prepare(config, ray_job=ray_job)
+    try:
+        progress = _process(config, run, ray_address, namespace)
+    finally:
+        run.release()
+    progress.check_errors(config.max_error_fraction, config.output_path, final=True)
+    return progress.summary(config.output_path, time.monotonic() - started)
+
+
+def _process(
+    config: BatchInferenceConfig, run: PreparedRun, ray_address: str | None, namespace: str | None
+) -> Progress:
+    """Commit every pending range of ``run``: empty ones at once, the others through Ray Data."""
     plan = run.plan
     progress = Progress(plan, run.committed)
     writers = RangeWriters(run.ledger, plan, progress, config)
@@ -56,24 +74,22 @@ def run_batch_inference(
     for index in [i for i in pending if plan.ranges[i].rows == 0]:
         writers.commit_empty(index, run.keep)
     pending = [i for i in pending if plan.ranges[i].rows > 0]
-    if pending:
-        log.info(
-            "%d of %d ranges to process (%d rows); %d already committed",
-            len(pending),
-            len(plan.ranges),
-            sum(plan.ranges[i].rows for i in pending),
-            len(run.committed),
-        )
-        with ray_session(ray_address, namespace):
-            # Transforms are built on the driver before anything is scheduled; a factory checks what it
-            # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
-            transforms = {
-                i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
-            }
-            check_cluster_resources([(s.display_name, s) for s in config.stages])
-            _stream(config, plan, writers, pending, run.keep, run.in_fs, transforms)
-    progress.check_errors(config.max_error_fraction, config.output_path, final=True)
-    return progress.summary(config.output_path, time.monotonic() - started)
+    if not pending:
+        return progress
+    log.info(
+        "%d of %d ranges to process (%d rows); %d already committed",
+        len(pending),
+        len(plan.ranges),
+        sum(plan.ranges[i].rows for i in pending),
+        len(run.committed),
+    )
+    with ray_session(ray_address, namespace):
+        # Transforms are built on the driver before anything is scheduled; a factory checks what it
+        # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
+        transforms = {i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)}
+        check_cluster_resources([(s.display_name, s) for s in config.stages])
+        _stream(config, plan, writers, pending, run.keep, run.in_fs, transforms)
+    return progress
 
 
 def _stream(

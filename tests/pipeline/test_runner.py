@@ -111,13 +111,14 @@ import json, logging, sys
 logging.basicConfig(level=logging.INFO)
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
 cfg = BatchInferenceConfig(sys.argv[1], sys.argv[2], [Stage(sys.argv[3], json.loads(sys.argv[4]), batch_size=100)],
-                           id_column="id", rows_per_range=100)
+                           id_column="id", rows_per_range=100, **extra)
 print("SUMMARY " + json.dumps(run_batch_inference(cfg).to_dict()))
 """
 
 
-def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True):
+def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True, **config_kwargs):
     """Run the pipeline in its own process, with its own embedded Ray in its own temp dir."""
     ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths are length-limited
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **(env or {})}
@@ -129,6 +130,7 @@ def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True):
         str(tmp_path / "out"),
         predictor,
         json.dumps(kwargs),
+        json.dumps(config_kwargs),
     ]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if wait:

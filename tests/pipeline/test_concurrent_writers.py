@@ -1,0 +1,104 @@
+"""Two writers on one output, in real processes: the lease keeps one at a time and fences the loser."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from airflow_provider_raybatch.pipeline.lease import LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from tests.data import assert_output_sound, read_output, write_input
+from tests.pipeline.test_runner import commit_count, config, kill_leftovers, run_in_subprocess
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+#: The first writer's settings (a second writer with the same ones would resume its output).
+SLOW = {"predictor": "tests.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.6}}
+
+
+def start_writer(tmp_path, **config_kwargs):
+    """A first writer in its own process, slow enough to be caught mid-run; returns once it has committed."""
+    proc = run_in_subprocess(
+        tmp_path,
+        SLOW["predictor"],
+        SLOW["predictor_kwargs"],
+        wait=False,
+        run_key="dag_a/run_1/score/-1",
+        try_number=1,
+        **config_kwargs,
+    )
+    deadline = time.monotonic() + 120
+    while commit_count(tmp_path / "out") == 0:
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "the first writer committed nothing in 120 s"
+        time.sleep(0.2)
+    return proc
+
+
+def finish(proc) -> str:
+    output = proc.communicate(timeout=300)[0]
+    kill_leftovers(proc.ray_tmp)
+    return output
+
+
+def test_a_second_writer_fails_naming_the_first_and_the_first_completes(tmp_path):
+    write_input(tmp_path / "in", [1200])
+    first = start_writer(tmp_path)
+    try:
+        with pytest.raises(
+            OutputBusyError,
+            match=rf"output {tmp_path}/out is being written by dag dag_a, run run_1, task score, try 1, "
+            rf"pid {first.pid} on host .*; last heartbeat \d+ s ago",
+        ):
+            run_batch_inference(config(tmp_path, run_key="dag_a/run_2/score/-1", **SLOW))
+    finally:
+        output = finish(first)
+    assert first.returncode == 0, output
+    assert_output_sound(tmp_path / "out", range(1200))  # complete when the first reports success
+    assert run_batch_inference(config(tmp_path, **SLOW)).ranges_skipped == 12  # and free again
+
+
+def test_an_overwrite_waits_for_the_live_writer_and_then_runs(tmp_path):
+    write_input(tmp_path / "in", [1200])
+    first = start_writer(tmp_path)
+    other = {"predictor": "tests.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.0}}
+    try:
+        with pytest.raises(OutputBusyError, match="is being written by dag dag_a, run run_1"):
+            run_batch_inference(config(tmp_path, mode="overwrite", run_key="dag_a/run_2/score/-1", **other))
+        assert commit_count(tmp_path / "out") >= 1  # nothing of the first writer's was removed
+    finally:
+        output = finish(first)
+    assert first.returncode == 0, output
+    assert_output_sound(tmp_path / "out", range(1200))
+    summary = run_batch_inference(config(tmp_path, mode="overwrite", run_key="dag_a/run_2/score/-1", **other))
+    assert summary.ranges_done == 12
+    assert_output_sound(tmp_path / "out", range(1200))
+
+
+def test_a_frozen_writer_is_taken_over_and_commits_nothing_after_it_thaws(tmp_path):
+    write_input(tmp_path / "in", [1200])
+    zombie = start_writer(tmp_path, lease_timeout=4.0)
+    zombie.send_signal(signal.SIGSTOP)  # its worker lost contact: it neither runs nor heartbeats
+    try:
+        committed_before = commit_count(tmp_path / "out")
+        with pytest.raises(OutputBusyError):
+            run_batch_inference(
+                config(tmp_path, run_key="dag_a/run_1/score/-1", try_number=2, lease_timeout=4.0, **SLOW)
+            )
+        time.sleep(4.5)
+        summary = run_batch_inference(
+            config(tmp_path, run_key="dag_a/run_1/score/-1", try_number=2, lease_timeout=4.0, **SLOW)
+        )
+        assert summary.ranges_skipped == committed_before and summary.ranges_done == 12 - committed_before
+        records = sorted(p.stat().st_mtime for p in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json"))
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+        output = finish(zombie)
+    assert zombie.returncode != 0
+    assert LeaseLostError.__name__ in output and "taken over by dag dag_a, run run_1, task score, try 2" in output
+    # The thawed writer published and committed nothing more.
+    assert sorted(p.stat().st_mtime for p in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json")) == records
+    assert_output_sound(tmp_path / "out", range(1200))
+    assert read_output(tmp_path / "out").num_rows == 1200
