@@ -192,6 +192,34 @@ def test_killing_the_task_stops_its_job(tmp_path, cluster):
         process.wait()
 
 
+def test_a_second_run_on_an_output_fails_naming_the_ray_job_that_writes_it(tmp_path, cluster, capfd):
+    write_input(tmp_path / "in", [600])
+    common = {
+        "input_path": str(tmp_path / "in"),
+        "output_path": str(tmp_path / "out"),
+        "rows_per_range": 100,
+        "predictor": "tests.predictors:SlowScore",
+        "predictor_kwargs": {"delay_s": 1.0},
+        "batch_size": 50,
+    }
+    process = start_task_process(tmp_path, dag_id="writer_one", **common)
+    sid = wait_for_running_job(cluster, "writer_one", process, tmp_path)
+    try:
+        ti = run_dag(cluster_dag("writer_two", **common), LOGICAL_DATE).get_task_instance("score")
+        assert ti.state == "failed"
+        log = capfd.readouterr().out
+        assert f"is being written by dag writer_one, run {ti.run_id}, task score, try 1, Ray job {sid}" in log
+        (second,) = jobs_of(cluster, "writer_two").values()
+        assert second["status"] == "FAILED"
+        process.wait(timeout=300)
+        assert wait_for_status(cluster, sid, "SUCCEEDED") == "SUCCEEDED"  # the first run is not disturbed
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            RayHook(CONN_ID).stop_job(sid)
+    assert_exactly_once(read_output(tmp_path / "out"), range(600))
+
+
 def test_the_deferrable_path_waits_in_a_trigger(tmp_path, cluster, capfd):
     write_input(tmp_path / "in", [200])
     dag = cluster_dag(
