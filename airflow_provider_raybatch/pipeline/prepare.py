@@ -9,6 +9,7 @@ files of uncommitted ranges removed.
 from __future__ import annotations
 
 import logging
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,16 +108,16 @@ def _take_lease(config: BatchInferenceConfig, ledger: OutputLedger, holder: Leas
     exclude each other: each takes its own lease, then fails if the other kind is live.
     """
 
-    def make(folder: str, display: str) -> Lease:
-        return Lease(ledger.fs, folder, display, holder, config.lease_timeout)
+    def make(folder: str) -> Lease:
+        partition = "" if folder == ledger.lease_folder() else f"partition {posixpath.basename(folder)} of "
+        return Lease(ledger.fs, folder, f"{partition}output {config.output_path}", holder, config.lease_timeout)
 
-    output = f"output {config.output_path}"
     if config.range_ids is None:
-        lease = make(ledger.lease_folder(), output)
-        others = [make(folder, f"a partition of {output}") for folder in ledger.partition_lease_folders()]
+        lease = make(ledger.lease_folder())
+        others = [make(folder) for folder in ledger.partition_lease_folders()]
     else:
-        lease = make(ledger.lease_folder(config.range_ids), f"the partition's ranges of {output}")
-        others = [make(ledger.lease_folder(), output)]
+        lease = make(ledger.lease_folder(config.range_ids))
+        others = [make(ledger.lease_folder())]
     lease.acquire()
     for other in others:
         if (record := other.live()) is not None:

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from airflow_provider_raybatch.pipeline.lease import LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.data import assert_output_sound, read_output, write_input
 from tests.pipeline.test_runner import commit_count, config, kill_leftovers, run_in_subprocess
@@ -102,3 +103,24 @@ def test_a_frozen_writer_is_taken_over_and_commits_nothing_after_it_thaws(tmp_pa
     assert sorted(p.stat().st_mtime for p in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json")) == records
     assert_output_sound(tmp_path / "out", range(1200))
     assert read_output(tmp_path / "out").num_rows == 1200
+
+
+def test_partitions_run_side_by_side_and_exclude_a_whole_output_writer(tmp_path):
+    write_input(tmp_path / "in", [1200])
+    first, second = plan_partitions(config(tmp_path, **SLOW), 2)
+    writer = start_writer(tmp_path, range_ids=first.range_ids)
+    try:
+        with pytest.raises(
+            OutputBusyError,
+            match=r"partition [0-9a-f]{16} of output .* is being written by dag dag_a, run run_1, task score, try 1",
+        ):
+            run_batch_inference(config(tmp_path, run_key="dag_a/run_1/score/0", range_ids=first.range_ids, **SLOW))
+        with pytest.raises(OutputBusyError, match=r"partition [0-9a-f]{16} of output .* is being written by dag dag_a"):
+            run_batch_inference(config(tmp_path, mode="overwrite", run_key="dag_a/run_2/plan/-1", **SLOW))
+        # The other partition runs meanwhile.
+        other = run_batch_inference(config(tmp_path, run_key="dag_a/run_1/score/1", range_ids=second.range_ids, **SLOW))
+        assert other.ranges_done == len(second.range_ids)
+    finally:
+        output = finish(writer)
+    assert writer.returncode == 0, output
+    assert_output_sound(tmp_path / "out", range(1200))
