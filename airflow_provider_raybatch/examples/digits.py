@@ -7,7 +7,6 @@ accuracy of the predictions in the date's output.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch import nn
+
+from airflow_provider_raybatch.examples import demo_args
 
 TRAIN_ROWS = 1200
 MODEL_CLASS = "airflow_provider_raybatch.examples.digits:DigitsMLP"
@@ -82,20 +83,13 @@ def accuracy(output_path: str, prediction_column: str = "predicted_label") -> tu
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["prepare", "report"])
-    parser.add_argument("--root", type=Path, required=True, help="the demo's data folder")
-    parser.add_argument("--date", required=True, help="the logical date (ds) of the run")
-    args = parser.parse_args(argv)
-    root = args.root.resolve()
-    if args.command == "prepare":
+    command, root, date = demo_args(__doc__, argv)
+    if command == "prepare":
         train_accuracy = train(root / "model" / "digits.safetensors")
-        rows = write_input(root / "input" / args.date)
-        print(
-            f"model trained (train accuracy {train_accuracy:.3f}); {rows} rows of input in {root / 'input' / args.date}"
-        )
+        rows = write_input(root / "input" / date)
+        print(f"model trained (train accuracy {train_accuracy:.3f}); {rows} rows of input in {root / 'input' / date}")
     else:
-        output = root / "output" / args.date
+        output = root / "output" / date
         rows, acc = accuracy(str(output))
         print(f"output: {output}\nscored {rows} rows, accuracy {acc:.3f} against the true labels")
 

@@ -9,13 +9,14 @@ example DAGs wrote.
 
 from __future__ import annotations
 
-import argparse
 import io
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from airflow_provider_raybatch.examples import demo_args
 
 INDUSTRIES = ["Technology", "Finance", "Healthcare", "Retail", "Energy"]
 _NAMES = {
@@ -83,21 +84,16 @@ def write_companies(folder: Path, rows: int = 300) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["prepare", "report"])
-    parser.add_argument("--root", type=Path, required=True, help="the demo's data folder")
-    parser.add_argument("--date", required=True, help="the logical date (ds) of the image run")
-    args = parser.parse_args(argv)
-    root = args.root.resolve()
-    if args.command == "prepare":
+    command, root, date = demo_args(__doc__, argv)
+    if command == "prepare":
         from airflow_provider_raybatch.examples.tiny_models import build_all
 
         build_all(root / "models")
-        images = write_images(root / "images" / args.date)
+        images = write_images(root / "images" / date)
         companies = write_companies(root / "companies")
-        print(f"tiny models in {root / 'models'}; {images} images for {args.date}; {companies} companies")
+        print(f"tiny models in {root / 'models'}; {images} images for {date}; {companies} companies")
         return
-    captions = root / "captions" / args.date
+    captions = root / "captions" / date
     table = pq.read_table(captions)
     rejects = pq.read_table(captions / "_rejects")
     print(f"captions: {captions}: {table.num_rows} rows; e.g. {table.slice(0, 2).to_pylist()}")
