@@ -11,7 +11,8 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -172,7 +173,7 @@ class RayPipelineOperator(BaseOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
-        try:
+        with _fail_without_retry():
             if self.plan_partitions is not None:
                 return self._plan_partitions(context)
             config = self.build_config(context)
@@ -180,9 +181,6 @@ class RayPipelineOperator(BaseOperator):
             if cluster is None:
                 return self._run_embedded(context, config)
             return self._run_on_cluster(context, config, cluster)
-        except NotRetryableError as e:
-            # Bad settings or input, or committed engine errors: a retry would fail the same way.
-            raise AirflowFailException(str(e)) from e
 
     def _plan_partitions(self, context: Context) -> list[dict[str, Any]]:
         """The planning task of a mapped run: check everything, prepare the output, return the partitions."""
@@ -257,7 +255,8 @@ class RayPipelineOperator(BaseOperator):
         if event["status"] == "ERROR":
             raise AirflowException(event["message"])
         info = JobInfo(self.submission_id, event["status"], event.get("message", ""), event.get("driver_exit_code"))
-        return self._job_result(context, self.build_config(context), info)
+        with _fail_without_retry():
+            return self._job_result(context, self.build_config(context), info)
 
     def on_kill(self) -> None:
         """The task was killed or marked failed: stop its Ray job (stop, not delete: its log stays)."""
@@ -307,6 +306,15 @@ def submission_id_prefix(dag_id: str, run_id: str, task_id: str, map_index: int)
     digest = hashlib.sha256(json.dumps([dag_id, run_id, task_id, map_index]).encode()).hexdigest()[:16]
     readable = re.sub(r"[^A-Za-z0-9_.]+", "-", f"{dag_id}.{task_id}")[:80]
     return f"raybatch-{readable}-{digest}"
+
+
+@contextmanager
+def _fail_without_retry() -> Iterator[None]:
+    """Bad settings or input, or committed engine errors: a retry would fail the same way."""
+    try:
+        yield
+    except NotRetryableError as e:
+        raise AirflowFailException(str(e)) from e
 
 
 def _check_paths(**paths: object) -> None:
