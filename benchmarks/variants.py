@@ -108,7 +108,7 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         mode="resume",
         ray_conn_id=None,  # embedded local Ray, as with no `ray` connection configured
     )
-    context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1)}
+    context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
     if p.get("ray_address"):
         # An existing cluster: what execute() does once the hook resolved a connection's address.
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
