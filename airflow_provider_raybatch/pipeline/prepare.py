@@ -88,6 +88,10 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
             f"columns read: {plan.schema.names}"
         )
     ledger = OutputLedger(out_fs, out_path, config.output_path)
+    # Read-only checks first: a folder that is not ours, or an output of a newer layout, is refused
+    # before the lease writes anything into it.
+    if ledger.load_plan() is None:
+        _refuse_foreign(config, ledger)
     lease = _take_lease(config, ledger, LeaseHolder(config.run_key, config.try_number, ray_job))
     try:
         if config.range_ids is None:
@@ -166,13 +170,8 @@ def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger)
                 f"output {config.output_path!r} was started with different settings ({', '.join(job_diff)}); "
                 "mixing results is refused. Use mode='overwrite' or another output path."
             )
-    elif foreign := ledger.foreign_entries():
-        # Not an output of this provider: overwrite would delete someone else's files.
-        raise ConfigError(
-            f"output path {config.output_path!r} is not empty and was not written by raybatch "
-            f"(found {foreign[:5]}); choose an empty folder"
-        )
     else:
+        _refuse_foreign(config, ledger)
         ledger.reset()  # leftovers of a run killed before it recorded its plan
 
     if recorded is None:
@@ -182,6 +181,15 @@ def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger)
         committed = ledger.committed()
     _remove_uncommitted(ledger, committed, None)
     return committed
+
+
+def _refuse_foreign(config: BatchInferenceConfig, ledger: OutputLedger) -> None:
+    """A folder without our plan that holds anything else is someone else's: never write or delete there."""
+    if foreign := ledger.foreign_entries():
+        raise ConfigError(
+            f"output path {config.output_path!r} is not empty and was not written by raybatch "
+            f"(found {foreign[:5]}); choose an empty folder"
+        )
 
 
 def _open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
