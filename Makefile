@@ -46,7 +46,7 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
-# All six benchmarks at full size (about 10 minutes on 2 quiet cores, 25 under load); BENCH_ARGS=--quick for small sizes.
+# All seven benchmarks at full size (about 10 minutes on 2 quiet cores, 25 under load); BENCH_ARGS=--quick for small sizes.
 # Results: benchmarks/results/ (see benchmarks/README.md).
 bench: $(VENV)/.installed-dev
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)

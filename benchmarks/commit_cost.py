@@ -28,8 +28,6 @@ from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from benchmarks.common import Results, base_parser, median
 
-TARGET_SLOWDOWN = 0.05
-
 
 def range_table(rows: int) -> pa.Table:
     rng = np.random.default_rng(0)
@@ -98,12 +96,8 @@ def main(argv: list[str] | None = None) -> Results:
     durable = median(c for _, c in timings["durable and fenced"])
     neither = median(c for _, c in timings["neither"])
     extra = (durable - neither) / args.ranges / base_write
-    results.check(
-        "extra time per range (fsync + fencing) vs writing the range's file",
-        round(extra, 3),
-        f"< {TARGET_SLOWDOWN}",
-        extra < TARGET_SLOWDOWN,
-    )
+    # For information: the end-to-end target (checkpointing < 5 % slower) is checkpoint_cost.py's.
+    results.check("extra time per range (fsync + fencing) vs writing the range's file", round(extra, 3), "-", None)
     results.note(
         "Local filesystem of the work dir; commits interleaved by setting and repeated; medians. "
         "write_ms_per_range: writing one range's Parquet file (the same in every setting). "

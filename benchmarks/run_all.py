@@ -14,7 +14,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import checkpoint_cost, fixed_cost, memory, resume, scale, throughput
+from benchmarks import checkpoint_cost, commit_cost, fixed_cost, memory, resume, scale, throughput
 from benchmarks.common import DEFAULT_RESULTS_DIR, DEFAULT_WORK_DIR, machine
 
 BENCHMARKS = {
@@ -22,6 +22,7 @@ BENCHMARKS = {
     "fixed_cost": (fixed_cost, ["--rows", "200000", "--repeats", "1"]),
     "resume": (resume, ["--rows", "400000"]),
     "checkpoint_cost": (checkpoint_cost, ["--rows", "400000", "--repeats", "1", "--finer"]),
+    "commit_cost": (commit_cost, ["--ranges", "20", "--repeats", "1"]),
     "memory": (memory, ["--rows", "200000", "400000"]),
     "scale": (scale, ["--rows", "400000"]),
 }

@@ -107,6 +107,7 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         rows_per_range=p["rows_per_range"],
         mode="resume",
         ray_conn_id=None,  # embedded local Ray, as with no `ray` connection configured
+        asset=None,  # no DAG run here to emit an asset event in
     )
     context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
     if p.get("ray_address"):

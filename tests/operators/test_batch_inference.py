@@ -123,7 +123,9 @@ def test_bad_settings_fail_the_task_without_retries(tmp_path):
         output_path=str(tmp_path / "in" / "out"),
         retries=3,
     )
-    context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "bad", "map_index": -1, "try_number": 1})()}
+    context = {
+        "ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "bad", "map_index": -1, "try_number": 1})()
+    }
     with pytest.raises(AirflowFailException, match="overlaps input path"):
         operator.execute(context)
 

@@ -188,7 +188,9 @@ def test_a_relative_path_fails_the_task_at_once_naming_the_argument(tmp_path):
     operator = RayBatchInferenceOperator(
         task_id="bad", predictor="tests.predictors:score", input_path=str(tmp_path), output_path="out/x", retries=3
     )
-    context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "bad", "map_index": -1, "try_number": 1})()}
+    context = {
+        "ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "bad", "map_index": -1, "try_number": 1})()
+    }
     with pytest.raises(AirflowFailException, match="output_path must be an absolute path or a URL"):
         operator.execute(context)
     operator.plan_partitions = 2
@@ -206,7 +208,9 @@ def test_a_resource_rendered_as_text_fails_the_task_at_once_naming_it(tmp_path):
         output_path=str(tmp_path / "out"),
         batch_size="256",
     )
-    context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "text", "map_index": -1, "try_number": 1})()}
+    context = {
+        "ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "text", "map_index": -1, "try_number": 1})()
+    }
     with pytest.raises(AirflowFailException, match="batch_size must be an integer >= 1 or None, got '256'"):
         operator.execute(context)
     assert not (tmp_path / "out").exists()
