@@ -148,3 +148,16 @@ def doubling_transform(stage):
 def dropping_transform(stage):
     """A transform that forgets to carry the internal columns."""
     return lambda ds: ds.select_columns(["score"])
+
+
+class IntegerScoreFor:
+    """Scores as float32, except the batch holding ``drift_id``: int64 (a model whose output type drifts)."""
+
+    def __init__(self, drift_id: int):
+        self.drift_id = drift_id
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        total = batch["features"].sum(axis=1)
+        if self.drift_id in batch["id"]:
+            return {"score": total.round().astype(np.int64)}
+        return {"score": total.astype(np.float32)}

@@ -40,3 +40,15 @@ class TooManyErrorsError(NotRetryableError):
     output would count the same errors and fail the same way: fix the cause, then rerun with
     ``mode="overwrite"``.
     """
+
+
+class OutputSchemaError(StageError, NotRetryableError):
+    """A range's output (or rejects) does not have the output's recorded schema; nothing of it is committed.
+
+    The committed ranges fix the output's schema, so a retry of the same stages fails the same way:
+    fix the stage, then rerun with ``mode="overwrite"``.
+    """
+
+
+class RowKeyError(StageError, NotRetryableError):
+    """The ``id_column`` of a range is not a row key: null or duplicated ids, or a type a stage changed."""

@@ -23,7 +23,6 @@ import posixpath
 import socket
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
-from airflow_provider_raybatch.pipeline.storage import fsync, is_local, read_json, write_json
+from airflow_provider_raybatch.pipeline.storage import create_file, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -232,30 +231,7 @@ class Lease:
 
     def _create(self, path: str, record: _Record) -> bool:
         """Create ``path`` only if it does not exist; False when another writer created it first."""
-        data = json.dumps(_dump(record), indent=1, sort_keys=True).encode()
-        if is_local(self.fs):
-            # Written aside, then hard-linked to its name: link() fails if the name exists, and a
-            # reader never sees the file half written (as it could after O_CREAT | O_EXCL).
-            self.fs.makedirs(self.folder, exist_ok=True)
-            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            finally:
-                os.unlink(tmp)
-            fsync(self.fs, self.folder)
-            return True
-        try:
-            # S3 conditional write (If-None-Match: *): refused with 412 if the object exists.
-            self.fs.pipe_file(path, data, mode="create")
-        except FileExistsError:
-            return False
-        return True
+        return create_file(self.fs, path, json.dumps(_dump(record), indent=1, sort_keys=True).encode())
 
     def _remove_older(self, generation: int) -> None:
         for g in range(max(1, generation - 5), generation - 1):  # keep the previous one: it names who was replaced

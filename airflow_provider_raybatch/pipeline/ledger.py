@@ -6,6 +6,8 @@ Layout of an output folder::
     _rejects/part-<range id>.parquet the range's rejected rows (row key, reason, kind), if any
     _raybatch/plan.json              input fingerprint, ranges, job signature, run key
     _raybatch/commits/<range id>.json  one record per committed range: its file and row count
+    _raybatch/schemas/output.json    the output's schema, recorded by the first range committed
+    _raybatch/schemas/rejects.json   the rejects' schema, recorded by the first range with rejects
     _raybatch/tmp/                   files being written, published by a rename when complete
     _raybatch/lease/                 the writer lease of the whole output (see :mod:`.lease`)
     _raybatch/leases/<partition>/    the writer lease of one partition's ranges
@@ -21,6 +23,7 @@ accepted rows.
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import uuid
 from collections.abc import Callable
@@ -28,11 +31,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import pyarrow as pa
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.faults import crash_point
-from airflow_provider_raybatch.pipeline.storage import ensure_folder, fsync, read_json, resolve, write_json
+from airflow_provider_raybatch.pipeline.schemas import schema_from_json, schema_to_json
+from airflow_provider_raybatch.pipeline.storage import (
+    create_file,
+    ensure_folder,
+    fsync,
+    read_json,
+    resolve,
+    write_json,
+)
 
 META_DIR = "_raybatch"
 REJECTS_DIR = "_rejects"
@@ -71,6 +83,7 @@ class OutputLedger:
         self.plan_path = f"{self.meta}/plan.json"
         self.commits_dir = f"{self.meta}/commits"
         self.tmp_dir = f"{self.meta}/tmp"
+        self.schemas_dir = f"{self.meta}/schemas"
         #: Called before every publish, commit record and removal: raises once this writer lost its lease.
         self.fence: Callable[[], None] = lambda: None
         self.rejects_dir = f"{root}/{REJECTS_DIR}"
@@ -118,6 +131,34 @@ class OutputLedger:
 
     def write_plan(self, plan: PlanRecord) -> None:
         write_json(self.fs, self.plan_path, asdict(plan))
+
+    def recorded_schema(self, kind: str) -> pa.Schema | None:
+        """The schema recorded for ``kind`` ("output" or "rejects"), None before the first commit of one."""
+        path = f"{self.schemas_dir}/{kind}.json"
+        try:
+            return schema_from_json(read_json(self.fs, path))
+        except FileNotFoundError:
+            return None
+
+    def record_schema(self, kind: str, schema: pa.Schema) -> pa.Schema:
+        """Record ``schema`` for ``kind`` unless one is recorded already; return the one recorded.
+
+        Created if absent: of partitions racing to record it (each holds only its own lease), one
+        wins and the others are checked against the winner's.
+        """
+        self.fence()
+        path = f"{self.schemas_dir}/{kind}.json"
+        data = json.dumps(schema_to_json(schema), indent=1, sort_keys=True).encode()
+        if create_file(self.fs, path, data):
+            return schema.remove_metadata()
+        self.fs.invalidate_cache(self.schemas_dir)
+        return schema_from_json(read_json(self.fs, path))
+
+    def forget_schemas(self) -> None:
+        """Remove the recorded schemas (an output with no committed range: its next range records them)."""
+        if self.fs.isdir(self.schemas_dir):
+            self.fence()
+            self.fs.rm(self.schemas_dir, recursive=True)
 
     def job_summary_path(self, submission_id: str) -> str:
         return f"{self.meta}/jobs/{submission_id}.json"

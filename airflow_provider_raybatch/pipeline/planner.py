@@ -30,9 +30,27 @@ class InputFile:
     rows: int
     row_groups: tuple[int, ...]  # rows per row group
     signature: str  # sha256 of size and Parquet footer: changes when the file is rewritten
+    # What the store says of the object (None where it says nothing): a rewrite that keeps size and
+    # footer still gets a new modification time and, on object stores, a new ETag or version.
+    mtime: str | None = None
+    etag: str | None = None
+    version: str | None = None
+    null_ids: int | None = None  # nulls in the id column by the footer's statistics (None: unknown)
 
     def describe(self) -> dict[str, Any]:
-        return {"relpath": self.relpath, "size": self.size, "rows": self.rows, "signature": self.signature}
+        described = {"relpath": self.relpath, "size": self.size, "rows": self.rows, "signature": self.signature}
+        described.update({k: getattr(self, k) for k in FINGERPRINT_FIELDS if getattr(self, k) is not None})
+        return described
+
+
+#: Fields of a file's fingerprint besides its signature, compared on resume where both plans have them
+#: (a plan recorded before they existed has none).
+FINGERPRINT_FIELDS = ("mtime", "etag", "version")
+#: Keys of ``fs.info()`` naming the modification time, the ETag and the object version, by store
+#: (local, s3fs, gcsfs, adlfs); the first present wins.
+_MTIME_KEYS = ("mtime", "LastModified", "updated", "last_modified")
+_ETAG_KEYS = ("ETag", "etag")
+_VERSION_KEYS = ("VersionId", "generation", "version_id")
 
 
 @dataclass(frozen=True)
@@ -90,10 +108,14 @@ def list_input_files(fs: AbstractFileSystem, fs_path: str, display_path: str) ->
     return root, paths
 
 
-def read_file_info(fs: AbstractFileSystem, path: str, root: str) -> tuple[InputFile, pa.Schema]:
+def read_file_info(
+    fs: AbstractFileSystem, path: str, root: str, id_column: str | None = None
+) -> tuple[InputFile, pa.Schema]:
     try:
         with fs.open(path, "rb") as f:
             size = f.size
+            # Remote files carry the listing's details (s3fs: ETag, LastModified); local ones are stat'ed.
+            details = getattr(f, "details", None) or fs.info(path)
             metadata = pq.ParquetFile(f).metadata
             schema = metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as e:
@@ -102,8 +124,43 @@ def read_file_info(fs: AbstractFileSystem, path: str, root: str) -> tuple[InputF
     metadata.write_metadata_file(footer)
     digest = hashlib.sha256(str(size).encode() + footer.getvalue().to_pybytes()).hexdigest()
     row_groups = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
-    info = InputFile(path, posixpath.relpath(path, root), size, metadata.num_rows, row_groups, digest)
+    info = InputFile(
+        path,
+        posixpath.relpath(path, root),
+        size,
+        metadata.num_rows,
+        row_groups,
+        digest,
+        mtime=_detail(details, _MTIME_KEYS),
+        etag=_detail(details, _ETAG_KEYS),
+        version=_detail(details, _VERSION_KEYS),
+        null_ids=_null_count(metadata, id_column),
+    )
     return info, schema
+
+
+def _detail(details: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    for key in keys:
+        value = details.get(key)
+        if value is not None and value != "":
+            return value.isoformat() if hasattr(value, "isoformat") else str(value)
+    return None
+
+
+def _null_count(metadata: pq.FileMetaData, column: str | None) -> int | None:
+    """Nulls in a top-level column by the footer's statistics; None when a row group has none."""
+    if column is None or metadata.num_rows == 0:
+        return 0 if column is not None else None
+    names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]
+    if column not in names:
+        return None
+    index, nulls = names.index(column), 0
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_null_count:
+            return None
+        nulls += stats.null_count
+    return nulls
 
 
 def plan_ranges(files: list[InputFile], rows_per_range: int) -> list[RowRange]:
@@ -143,32 +200,63 @@ def plan_input(
     display_path: str,
     columns: list[str] | None,
     rows_per_range: int,
+    id_column: str | None = None,
 ) -> Plan:
-    """List and inspect the input, check the requested columns, and cut it into ranges."""
+    """List and inspect the input, check the requested columns, and cut it into ranges.
+
+    Every file must give each column read the same Arrow type, so that every range's output has
+    the same schema; with ``id_column``, a file whose footer statistics count nulls in it is refused.
+    """
     root, paths = list_input_files(fs, fs_path, display_path)
     with ThreadPoolExecutor(max_workers=min(16, len(paths))) as pool:
-        infos = list(pool.map(lambda p: read_file_info(fs, p, root), paths))
+        infos = list(pool.map(lambda p: read_file_info(fs, p, root, id_column), paths))
     files = [info for info, _ in infos]
     first_schema = infos[0][1]
     wanted = columns if columns is not None else first_schema.names
+    seen: dict[str, tuple[pa.DataType, str]] = {}  # column -> its first type other than null, and where
     for info, schema in infos:
         missing = [c for c in wanted if c not in schema.names]
         if missing:
             raise InputError(f"column(s) {missing} not found in {info.path!r}; it has columns {schema.names}")
-    schema = pa.schema([first_schema.field(c) for c in wanted])
+        for name in wanted:
+            found = schema.field(name).type
+            if pa.types.is_null(found):
+                continue  # only nulls (or no rows): fits any type
+            expected, where = seen.setdefault(name, (found, info.path))
+            if found != expected:
+                raise InputError(
+                    f"column {name!r} has type {expected} in {where!r} but {found} in {info.path!r}: "
+                    "every input file must give a column the same type (the output holds one schema); "
+                    "rewrite the files with one type"
+                )
+        if info.null_ids:
+            raise InputError(
+                f"id_column {id_column!r} holds {info.null_ids} null(s) in {info.path!r} (by its footer statistics): "
+                "the id column is the row key and must be set on every row"
+            )
+    schema = pa.schema(
+        [first_schema.field(c).with_type(seen[c][0]) if c in seen else first_schema.field(c) for c in wanted]
+    )
     return Plan(files, plan_ranges(files, rows_per_range), schema)
 
 
 def input_changes(recorded: dict[str, Any], plan: Plan) -> str:
     """Describe how the input differs from the recorded plan's ("" when it does not)."""
-    old = {f["relpath"]: f["signature"] for f in recorded["files"]}
-    new = {f.relpath: f.signature for f in plan.files}
+    old = {f["relpath"]: f for f in recorded["files"]}
+    new = {f.relpath: f.describe() for f in plan.files}
     changes = {
         "added": sorted(new.keys() - old.keys()),
         "removed": sorted(old.keys() - new.keys()),
-        "rewritten": sorted(p for p in new.keys() & old.keys() if new[p] != old[p]),
+        "rewritten": sorted(p for p in new.keys() & old.keys() if _fingerprint_differs(old[p], new[p])),
     }
     return "; ".join(f"{label}: {_short(paths)}" for label, paths in changes.items() if paths)
+
+
+def _fingerprint_differs(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Signatures differ, or a field both plans recorded (a plan of an older version records fewer)."""
+    return old["signature"] != new["signature"] or any(
+        k in old and k in new and old[k] != new[k] for k in FINGERPRINT_FIELDS
+    )
 
 
 def _short(paths: list[str], limit: int = 5) -> str:

@@ -78,7 +78,8 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
             "the output would be read back as input; choose a folder outside the input"
         )
     plan = limit_rows(
-        plan_input(in_fs, in_path, config.input_path, config.columns, config.rows_per_range), config.max_rows
+        plan_input(in_fs, in_path, config.input_path, config.columns, config.rows_per_range, config.id_column),
+        config.max_rows,
     )
     keep = _keep_columns(config, plan)
     missing = [c for c in config.stages[0].input_columns or [] if c not in plan.schema.names]
@@ -180,6 +181,9 @@ def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger)
     else:
         committed = ledger.committed()
     _remove_uncommitted(ledger, committed, None)
+    if not committed:
+        # Recorded by a run that then committed nothing: the schema is fixed by the first range committed.
+        ledger.forget_schemas()
     return committed
 
 

@@ -97,6 +97,37 @@ def write_json(fs: AbstractFileSystem, path: str, payload: Any) -> None:
             f.write(data)
 
 
+def create_file(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
+    """Create ``path`` holding ``data`` only if it does not exist; False when another writer created it first.
+
+    Of writers racing to create one name, exactly one wins, on every filesystem.
+    """
+    if is_local(fs):
+        # Written aside, then hard-linked to its name: link() fails if the name exists, and a
+        # reader never sees the file half written (as it could after O_CREAT | O_EXCL).
+        folder = posixpath.dirname(path)
+        ensure_folder(fs, folder)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
+        fsync(fs, folder)
+        return True
+    try:
+        # S3 conditional write (If-None-Match: *): refused with 412 if the object exists.
+        fs.pipe_file(path, data, mode="create")
+    except FileExistsError:
+        return False
+    return True
+
+
 def read_json(fs: AbstractFileSystem, path: str) -> Any:
     with fs.open(path, "rb") as f:
         return json.loads(f.read())
