@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, Stage
-from airflow_provider_raybatch.pipeline.errors import ConfigError, StageError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, StageError
 from airflow_provider_raybatch.pipeline.planner import InputFile, RowRange
 from airflow_provider_raybatch.pipeline.tensors import output_to_table, table_to_numpy
 
@@ -173,9 +173,34 @@ def read_range(
         for group, group_rows in enumerate(file.row_groups):
             lo, hi = max(row_range.start, offset), min(row_range.end, offset + group_rows)
             if lo < hi:
-                table = parquet.read_row_group(group, columns=columns).slice(lo - offset, hi - lo)
+                try:
+                    table = parquet.read_row_group(group, columns=columns)
+                except (OSError, pa.ArrowException) as e:
+                    table = _read_again(fs, file, group, columns, row_range, e)
+                table = table.slice(lo - offset, hi - lo)
                 yield _with_internal_columns(table, range_index, row_range.file_index, lo, keep, derive_row_id)
             offset += group_rows
+
+
+def _read_again(
+    fs: AbstractFileSystem, file: InputFile, group: int, columns: list[str], row_range: RowRange, first: Exception
+) -> pa.Table:
+    """A failed row group read, once more from a fresh handle: a dropped connection passes then.
+
+    Damaged data (a corrupt page under a valid footer) fails the same way again and is reported
+    as a permanent :class:`InputError` naming the file and the row group, so no retry repeats it.
+    """
+    try:
+        with fs.open(file.path, "rb") as f:
+            return pq.ParquetFile(f).read_row_group(group, columns=columns)
+    except (OSError, pa.ArrowException) as second:
+        if type(first) is not type(second) or str(first) != str(second):
+            raise
+        raise InputError(
+            f"cannot read row group {group} of {file.path!r} (range {row_range.id}): "
+            f"{type(second).__name__}: {second}. The same read failed twice: the file is damaged; "
+            "replace it and rerun with mode='overwrite'"
+        ) from second
 
 
 def _with_internal_columns(

@@ -285,3 +285,20 @@ def _local():
     import fsspec
 
     return fsspec.filesystem("file")
+
+
+def test_a_corrupt_data_page_fails_without_retry_naming_the_file_and_row_group(tmp_path):
+    write_input(tmp_path / "in", [300])
+    path = tmp_path / "in" / "part-0.parquet"
+    pq.write_table(pq.read_table(path), path, row_group_size=100, compression="snappy")
+    # Damage the second row group's pages, leaving the footer (and the first row group) intact.
+    chunk = pq.ParquetFile(path).metadata.row_group(1).column(1)
+    start = chunk.data_page_offset + 40
+    data = bytearray(path.read_bytes())
+    data[start : start + 200] = bytes(200)
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match=rf"cannot read row group 1 of '{path}'.*\(range [0-9a-f]+-100-200\)"):
+        run_batch_inference(config(tmp_path))
+    assert verify_output(str(tmp_path / "out")) != []  # the output is not complete: that range is missing
+    committed = [p.name for p in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json")]
+    assert all("-100-200" not in name for name in committed)
