@@ -172,15 +172,8 @@ class Lease:
         if self._thread is not None:
             self._thread.join()
         if self.record is not None and self.holds():
-            write_json(self.fs, self._path(self.record.generation), _dump(replace(self.record, released=True)))
+            write_json(self.fs, self._path(self.record.generation), asdict(replace(self.record, released=True)))
         self.record = None
-
-    def __enter__(self) -> Lease:
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
     # --- fencing ----------------------------------------------------------------------------
 
@@ -231,7 +224,7 @@ class Lease:
 
     def _create(self, path: str, record: _Record) -> bool:
         """Create ``path`` only if it does not exist; False when another writer created it first."""
-        return create_file(self.fs, path, json.dumps(_dump(record), indent=1, sort_keys=True).encode())
+        return create_file(self.fs, path, json.dumps(asdict(record), indent=1, sort_keys=True).encode())
 
     def _remove_older(self, generation: int) -> None:
         for g in range(max(1, generation - 5), generation - 1):  # keep the previous one: it names who was replaced
@@ -246,14 +239,10 @@ class Lease:
                     log.warning("Lease on %s taken over: stopping the heartbeat", self.display)
                     return
                 self.record = replace(self.record, heartbeat=time.time())
-                write_json(self.fs, self._path(self.record.generation), _dump(self.record))
+                write_json(self.fs, self._path(self.record.generation), asdict(self.record))
                 self._renewed = time.monotonic()
             except Exception as e:  # noqa: BLE001 - a missed beat is retried; check() fences a long gap
                 log.warning("Could not renew the lease on %s: %s", self.display, e)
-
-
-def _dump(record: _Record) -> dict[str, Any]:
-    return asdict(record)
 
 
 def _clock(timestamp: float) -> str:
