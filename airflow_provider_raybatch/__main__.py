@@ -7,7 +7,6 @@ profile, as s3fs reads them).
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,4 +27,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from airflow_provider_raybatch.pipeline.process import exit_now
+
+    exit_now(main())

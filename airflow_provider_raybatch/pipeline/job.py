@@ -67,4 +67,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from airflow_provider_raybatch.pipeline.process import exit_now
+
+    exit_now(main(sys.argv[1:]))
