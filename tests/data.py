@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 
 FEATURES = 8
 
@@ -51,3 +53,27 @@ def assert_output_sound(path: str | Path, expected_ids: range | list[int]) -> No
 
     assert verify_output(str(path)) == []
     assert_exactly_once(read_output(path), expected_ids)
+
+
+class OpenRecordingFileSystem(LocalFileSystem):
+    """The local filesystem, noting which process opened which file: one ``<pid> <path>`` line per
+    open in the file ``record`` (appended, so processes on this machine, Ray's workers included,
+    share it). It pickles by its arguments, as every fsspec filesystem, so Ray tasks get one too."""
+
+    def __init__(self, record: str, **kwargs):
+        super().__init__(**kwargs)
+        self.record = record
+
+    def _open(self, path, mode="rb", block_size=None, **kwargs):
+        with open(self.record, "a") as f:
+            f.write(f"{os.getpid()} {path}\n")
+        return super()._open(path, mode=mode, block_size=block_size, **kwargs)
+
+    def opened(self) -> list[tuple[int, str]]:
+        """(pid, path) of every open so far, then forgets them."""
+        if not os.path.exists(self.record):
+            return []
+        with open(self.record) as f:
+            lines = [line.split(" ", 1) for line in f.read().splitlines()]
+        os.remove(self.record)
+        return [(int(pid), path) for pid, path in lines]

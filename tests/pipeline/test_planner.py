@@ -6,9 +6,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import InputError
-from airflow_provider_raybatch.pipeline.planner import input_changes, plan_input
+from airflow_provider_raybatch.pipeline.planner import (
+    RAY_FOOTERS_MIN_FILES_ENV,
+    input_changes,
+    plan_input,
+    read_footers_on_ray,
+    read_footers_threaded,
+)
 from airflow_provider_raybatch.pipeline.storage import resolve
-from tests.data import features_table, write_input
+from tests.data import OpenRecordingFileSystem, features_table, write_input
 
 
 def plan(path, columns=None, rows_per_range=100):
@@ -85,3 +91,43 @@ def test_input_changes_are_described(tmp_path):
     assert input_changes(recorded, plan(tmp_path)) == (
         "added: part-9.parquet; removed: part-0.parquet; rewritten: part-1.parquet"
     )
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_on_a_ray_driver_many_footers_are_read_by_ray_tasks_into_the_same_plan(tmp_path, monkeypatch):
+    write_input(tmp_path / "in", [30] * 11 + [0], row_group_size=10)
+    fs = OpenRecordingFileSystem(str(tmp_path / "opens.log"))
+    folder = str(tmp_path / "in")
+    expected = sorted(fs.find(folder))
+
+    here = plan_input(fs, folder, folder, None, 25, "id", footer_reader=read_footers_threaded)
+    assert {pid for pid, _ in fs.opened()} == {os.getpid()}
+
+    # Ray is initialised in this process (as in a Ray Job's driver) and there are 12 files.
+    monkeypatch.setenv(RAY_FOOTERS_MIN_FILES_ENV, "12")
+    on_ray = plan_input(fs, folder, folder, None, 25, "id")
+    opened = fs.opened()
+    assert sorted(path for _, path in opened) == expected  # each footer read once...
+    assert os.getpid() not in {pid for pid, _ in opened}  # ...by Ray's worker processes, not the driver
+    assert on_ray == here  # files, fingerprints, ranges and schema alike
+    assert read_footers_on_ray(fs, folder, expected, "id", files_per_task=5) == read_footers_threaded(
+        fs, folder, expected, "id"
+    )
+    fs.opened()
+
+    # Fewer files than the threshold: a Ray round trip costs more than the reads.
+    monkeypatch.setenv(RAY_FOOTERS_MIN_FILES_ENV, "13")
+    assert plan_input(fs, folder, folder, None, 25, "id") == here
+    assert {pid for pid, _ in fs.opened()} == {os.getpid()}
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_ray_tasks_name_the_first_unreadable_file_as_the_threads_do(tmp_path):
+    write_input(tmp_path, [10] * 6)
+    for name in ("part-1b.parquet", "part-4b.parquet"):  # in the first and the last batch of two
+        (tmp_path / name).write_text("not parquet")
+    fs, folder = resolve(str(tmp_path))
+    paths = sorted(fs.find(folder))
+    for reader in (read_footers_threaded, lambda *a: read_footers_on_ray(*a, files_per_task=2)):
+        with pytest.raises(InputError, match=r"cannot read Parquet file .*part-1b.parquet"):
+            reader(fs, folder, paths, None)
