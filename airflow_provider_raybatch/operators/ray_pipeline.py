@@ -3,6 +3,8 @@
 With no cluster configured the pipeline runs in the task on an embedded local Ray. With a
 cluster it runs as a Ray Job whose submission id is derived from the task instance, so any try
 of the task finds the job an earlier try submitted, even one that died right after submitting.
+The planning task of a mapped run goes the same way: in the task, or as a Ray Job that reads
+the input's footers on the cluster.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_provider_raybatch.hooks.jobs_types import JobInfo, RayClusterSettings
+    from airflow_provider_raybatch.pipeline.partitions import Partition
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 #: task_state_store key: the attempt number of the task's current Ray job (kept across tries).
@@ -77,7 +80,9 @@ class RayPipelineOperator(BaseOperator):
         ``/data/preds/{{ ds }}``), none if it has none; an ``Asset`` or URI; None: no outlet.
     :param plan_partitions: plan the output into at most this many partitions and return them
         (a list, for ``.expand(partition=...)``) instead of running. Use the same other arguments
-        as the mapped task. The planning reads Parquet footers from the task, also with a cluster.
+        as the mapped task. With a cluster the planning is a Ray Job (waited for like a run,
+        ``deferrable`` included) that reads the input's Parquet footers on the cluster, with Ray
+        tasks for many files; without one, the task reads them.
     :param partition: one item of a planning task's result: process only its ranges. Set by
         dynamic task mapping: ``.partial(...).expand(partition=plan.output)``. Such a task never
         resets the output (``mode`` is applied by the planning task) and touches only its ranges.
@@ -174,19 +179,26 @@ class RayPipelineOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
         with _fail_without_retry():
-            if self.plan_partitions is not None:
-                return self._plan_partitions(context)
             config = self.build_config(context)
+            if self.plan_partitions is not None:
+                from airflow_provider_raybatch.pipeline.partitions import check_partitions
+
+                check_partitions(config, self.plan_partitions)
             cluster = self.hook.cluster
             if cluster is None:
+                if self.plan_partitions is not None:
+                    return self._plan_embedded(config)
                 return self._run_embedded(context, config)
             return self._run_on_cluster(context, config, cluster)
 
-    def _plan_partitions(self, context: Context) -> list[dict[str, Any]]:
-        """The planning task of a mapped run: check everything, prepare the output, return the partitions."""
+    def _plan_embedded(self, config: BatchInferenceConfig) -> list[dict[str, Any]]:
+        """The planning task of a mapped run, in the task: check everything, prepare the output,
+        return the partitions."""
         from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 
-        partitions = plan_partitions(self.build_config(context), self.plan_partitions)
+        return self._planned(plan_partitions(config, self.plan_partitions))
+
+    def _planned(self, partitions: list[Partition]) -> list[dict[str, Any]]:
         self.log.info("Partitions: %s", [(p.index, len(p.range_ids), p.rows) for p in partitions])
         return [p.to_dict() for p in partitions]
 
@@ -196,6 +208,7 @@ class RayPipelineOperator(BaseOperator):
         return self._done(context, run_batch_inference(config))
 
     def _run_on_cluster(self, context: Context, config: BatchInferenceConfig, cluster: RayClusterSettings) -> Any:
+        """Run, or plan the partitions (``plan_partitions``), as a Ray Job; wait for it here or deferred."""
         from airflow_provider_raybatch.hooks.jobs_types import RayJobsError
         from airflow_provider_raybatch.pipeline.job import entrypoint
 
@@ -206,7 +219,9 @@ class RayPipelineOperator(BaseOperator):
         try:
             info = self.hook.submit_or_attach(
                 submission_id_prefix(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
-                lambda submission_id: entrypoint(spec, submission_id, cluster.namespace),
+                lambda submission_id: entrypoint(
+                    spec, submission_id, cluster.namespace, plan_partitions=self.plan_partitions
+                ),
                 metadata={
                     "airflow_dag_id": ti.dag_id,
                     "airflow_run_id": ti.run_id,
@@ -245,7 +260,7 @@ class RayPipelineOperator(BaseOperator):
                 raise AirflowException(str(e)) from e
         return self._job_result(context, config, info)
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
         """Resume after the trigger fired: the job ended, timed out, or could not be followed."""
         from airflow_provider_raybatch.hooks.jobs_types import JobInfo
 
@@ -273,10 +288,17 @@ class RayPipelineOperator(BaseOperator):
         started = context["ti"].start_date
         return (started.timestamp() if started else time.time()) + self.execution_timeout.total_seconds()
 
-    def _job_result(self, context: Context, config: BatchInferenceConfig, info: JobInfo) -> dict[str, Any]:
-        from airflow_provider_raybatch.pipeline.job import read_job_summary
+    def _job_result(
+        self, context: Context, config: BatchInferenceConfig, info: JobInfo
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        from airflow_provider_raybatch.pipeline.job import read_job_partitions, read_job_summary
 
         sid = info.submission_id
+        if info.is_successful and self.plan_partitions is not None:
+            partitions = read_job_partitions(config, sid)
+            if partitions is None:
+                raise AirflowException(f"Ray job {sid} succeeded but left no partitions in {config.output_path!r}")
+            return self._planned(partitions)
         if info.is_successful:
             summary = read_job_summary(config, sid)
             if summary is None:

@@ -1,10 +1,11 @@
 """Entry point of a Ray Job: ``python -m airflow_provider_raybatch.pipeline.job '<spec JSON>'``.
 
-The spec is :meth:`BatchInferenceConfig.to_spec` plus the submission id and namespace; it holds
-no credentials: storage access comes from the cluster's environment or the job's runtime_env.
-The summary is written to ``<output>/_raybatch/jobs/<submission id>.json`` for the task to read.
-Exit status :data:`NOT_RETRYABLE_EXIT` means a :class:`NotRetryableError` (bad settings or
-input, or too many engine errors): retrying cannot help.
+The spec is :meth:`BatchInferenceConfig.to_spec` plus the submission id and namespace, and, for
+the planning task of a mapped run, ``plan_partitions``; it holds no credentials: storage access
+comes from the cluster's environment or the job's runtime_env. The job's result (a run's
+summary, or the planned partitions) is written to ``<output>/_raybatch/jobs/<submission id>.json``
+for the task to read. Exit status :data:`NOT_RETRYABLE_EXIT` means a :class:`NotRetryableError`
+(bad settings or input, or too many engine errors): retrying cannot help.
 """
 
 from __future__ import annotations
@@ -21,48 +22,91 @@ from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.storage import read_json, write_json
 
 if TYPE_CHECKING:
+    from airflow_provider_raybatch.pipeline.partitions import Partition
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 
-def entrypoint(config_spec: dict[str, Any], submission_id: str, namespace: str | None) -> str:
-    """The job's command line, for :meth:`BatchInferenceConfig.to_spec` output."""
-    spec = {"submission_id": submission_id, "namespace": namespace, "config": config_spec}
+def entrypoint(
+    config_spec: dict[str, Any], submission_id: str, namespace: str | None, *, plan_partitions: int | None = None
+) -> str:
+    """The job's command line, for :meth:`BatchInferenceConfig.to_spec` output.
+
+    :param plan_partitions: plan the output into at most this many partitions (the planning task
+        of a mapped run) instead of running it.
+    """
+    spec: dict[str, Any] = {"submission_id": submission_id, "namespace": namespace, "config": config_spec}
+    if plan_partitions is not None:
+        spec["plan_partitions"] = plan_partitions
     return f"python -m airflow_provider_raybatch.pipeline.job {shlex.quote(json.dumps(spec, sort_keys=True))}"
 
 
-def write_job_summary(config: BatchInferenceConfig, submission_id: str, summary: RunSummary) -> None:
-    """Leave a Ray Job's summary in its output, where the task that submitted it reads it."""
+def write_job_result(config: BatchInferenceConfig, submission_id: str, result: dict[str, Any]) -> None:
+    """Leave a Ray Job's result in its output, where the task that submitted it reads it."""
     ledger = OutputLedger.open(config.output_path, config.storage_options)
-    write_json(ledger.fs, ledger.job_summary_path(submission_id), summary.to_dict())
+    write_json(ledger.fs, ledger.job_summary_path(submission_id), result)
 
 
-def read_job_summary(config: BatchInferenceConfig, submission_id: str) -> RunSummary | None:
-    """The summary a Ray Job left (None if it left none), with its submission id."""
-    from airflow_provider_raybatch.pipeline.summary import RunSummary
-
+def read_job_result(config: BatchInferenceConfig, submission_id: str) -> dict[str, Any] | None:
+    """The result a Ray Job left (None if it left none)."""
     ledger = OutputLedger.open(config.output_path, config.storage_options)
     path = ledger.job_summary_path(submission_id)
     ledger.fs.invalidate_cache()
     if not ledger.fs.exists(path):
         return None
-    return RunSummary.from_dict({**read_json(ledger.fs, path), "ray_submission_id": submission_id})
+    return read_json(ledger.fs, path)
+
+
+def write_job_summary(config: BatchInferenceConfig, submission_id: str, summary: RunSummary) -> None:
+    """Leave a Ray Job's run summary in its output."""
+    write_job_result(config, submission_id, summary.to_dict())
+
+
+def read_job_summary(config: BatchInferenceConfig, submission_id: str) -> RunSummary | None:
+    """The run summary a Ray Job left (None if it left none), with its submission id."""
+    from airflow_provider_raybatch.pipeline.summary import RunSummary
+
+    result = read_job_result(config, submission_id)
+    return None if result is None else RunSummary.from_dict({**result, "ray_submission_id": submission_id})
+
+
+def read_job_partitions(config: BatchInferenceConfig, submission_id: str) -> list[Partition] | None:
+    """The partitions a planning Ray Job left (None if it left none)."""
+    from airflow_provider_raybatch.pipeline.partitions import Partition
+
+    result = read_job_result(config, submission_id)
+    if result is None or not isinstance(result.get("partitions"), list):
+        return None
+    return [Partition.from_dict(p) for p in result["partitions"]]
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     spec: dict[str, Any] = json.loads(argv[0])
+    from airflow_provider_raybatch.pipeline.partitions import plan_partitions
+    from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 
+    submission_id, namespace, partitions = spec["submission_id"], spec.get("namespace"), spec.get("plan_partitions")
     try:
         config = BatchInferenceConfig.from_spec(spec["config"])
-        summary = run_batch_inference(
-            config, ray_address="auto", namespace=spec.get("namespace"), ray_job=spec["submission_id"]
-        )
+        config.validate()  # bad settings fail before connecting
+        # This driver runs on the cluster: joining its Ray costs little, and lets the plan (of a
+        # run, or of the partitions) read many input footers with Ray tasks across the cluster.
+        with ray_session("auto", namespace):
+            if partitions is not None:
+                planned = plan_partitions(config, partitions, ray_job=submission_id)
+                result = {"partitions": [p.to_dict() for p in planned]}
+            else:
+                summary = run_batch_inference(config, ray_address="auto", namespace=namespace, ray_job=submission_id)
+                result = summary.to_dict()
     except NotRetryableError as e:
         print(f"{ERROR_PREFIX}{e}", file=sys.stderr, flush=True)
         return NOT_RETRYABLE_EXIT
-    write_job_summary(config, spec["submission_id"], summary)
-    logging.getLogger(__name__).info("Batch inference summary: %s", summary.to_dict())
+    write_job_result(config, submission_id, result)
+    if partitions is not None:
+        logging.getLogger(__name__).info("Partitions: %s", [(p.index, len(p.range_ids), p.rows) for p in planned])
+    else:
+        logging.getLogger(__name__).info("Batch inference summary: %s", result)
     return 0
 
 

@@ -55,23 +55,32 @@ class Partition:
         )
 
 
-def plan_partitions(config: BatchInferenceConfig, partitions: int) -> list[Partition]:
-    """Prepare ``config``'s output and return up to ``partitions`` groups of its ranges.
-
-    Everything is checked as for a run (settings, predictors, input, output) and nothing runs
-    on Ray. Groups are contiguous runs of the plan's ranges, as equal in count as possible, and
-    depend only on the input and settings: a rerun plans the same groups, so each mapped task
-    instance finds its own committed ranges again.
-
-    :param config: the run's configuration, as each partition's task will use it (without
-        ``range_ids``).
-    :param partitions: the largest number of groups (fewer when there are fewer ranges).
-    """
+def check_partitions(config: BatchInferenceConfig, partitions: int) -> None:
+    """Raise :class:`ConfigError` unless ``partitions`` and ``config`` can be planned (before
+    anything is read, or a planning job submitted)."""
     if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
         raise ConfigError(f"partitions must be an integer >= 1, got {partitions!r}")
     if config.range_ids is not None:
         raise ConfigError("plan_partitions plans a whole output: range_ids must be None")
-    run = prepare(config)
+
+
+def plan_partitions(config: BatchInferenceConfig, partitions: int, *, ray_job: str | None = None) -> list[Partition]:
+    """Prepare ``config``'s output and return up to ``partitions`` groups of its ranges.
+
+    Everything is checked as for a run (settings, predictors, input, output) and no model runs.
+    The input's footers are read where this runs: by threads of this process, or, in a Ray
+    Job's driver with many input files, by Ray tasks (:func:`.planner.read_footers`). Groups
+    are contiguous runs of the plan's ranges, as equal in count as possible, and depend only on
+    the input and settings: a rerun plans the same groups, so each mapped task instance finds
+    its own committed ranges again.
+
+    :param config: the run's configuration, as each partition's task will use it (without
+        ``range_ids``).
+    :param partitions: the largest number of groups (fewer when there are fewer ranges).
+    :param ray_job: the submission id of the Ray Job planning (named in the output's lease).
+    """
+    check_partitions(config, partitions)
+    run = prepare(config, ray_job=ray_job)
     run.release()  # planning holds the output's lease only while it records the plan or resets
     ranges = run.plan.ranges
     count = min(partitions, len(ranges))

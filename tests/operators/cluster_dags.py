@@ -31,6 +31,22 @@ def cluster_dag(dag_id: str, **operator_kwargs: Any) -> DAG:
     return dag
 
 
+def mapped_cluster_dag(dag_id: str, partitions: int, *, plan_deferrable: bool = False, **operator_kwargs: Any) -> DAG:
+    """A mapped run on the test cluster: the planning task ``plan``, then ``score`` mapped over its partitions."""
+    common = {
+        "ray_conn_id": CONN_ID,
+        "id_column": "id",
+        "poll_interval": 0.5,
+        **{"predictor": "tests.predictors:score", "num_cpus": 0.5, **operator_kwargs},
+    }
+    with DAG(dag_id, schedule=None, start_date=LOGICAL_DATE) as dag:
+        plan = RayBatchInferenceOperator(
+            task_id="plan", plan_partitions=partitions, deferrable=plan_deferrable, **common
+        )
+        RayBatchInferenceOperator.partial(task_id="score", **common).expand(partition=plan.output)
+    return dag
+
+
 if __name__ == "__main__":
     from tests.conftest import run_dag
 

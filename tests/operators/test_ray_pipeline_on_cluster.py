@@ -14,9 +14,12 @@ import pytest
 
 from airflow_provider_raybatch.hooks.jobs_client import run_sync
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.pipeline import planner
+from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from tests.conftest import REPO, run_dag
 from tests.data import assert_exactly_once, read_output, write_input
-from tests.operators.cluster_dags import CONN_ID, LOGICAL_DATE, cluster_dag
+from tests.operators.cluster_dags import CONN_ID, LOGICAL_DATE, cluster_dag, mapped_cluster_dag
+from tests.pipeline.test_runner import config
 from tests.ray_cluster import connection
 
 pytestmark = pytest.mark.usefixtures("airflow_db")
@@ -28,14 +31,14 @@ def cluster(ray_cluster, monkeypatch):
     return ray_cluster
 
 
-def jobs_of(cluster, dag_id: str) -> dict[str, dict]:
+def jobs_of(cluster, dag_id: str, task_id: str = "score") -> dict[str, dict]:
     """The cluster's jobs of the DAG's task, by submission id (from the Jobs API itself)."""
     request = urllib.request.Request(
         f"{cluster.dashboard}/api/jobs/", headers={"Authorization": f"Bearer {cluster.token}"}
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         jobs = json.load(response)
-    prefix = f"raybatch-{dag_id}.score-"
+    prefix = f"raybatch-{dag_id}.{task_id}-"
     return {j["submission_id"]: j for j in jobs if (j.get("submission_id") or "").startswith(prefix)}
 
 
@@ -253,3 +256,36 @@ def test_a_stage_runs_on_the_node_that_has_its_custom_resource(tmp_path, cluster
     )
     assert run_dag(dag, LOGICAL_DATE).get_task_instance("score").state == "success"
     assert set(read_output(tmp_path / "out")["node_id"].to_pylist()) == {side}
+
+
+def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_path, ray_cluster, monkeypatch, capfd):
+    # Footers are read by Ray tasks from 3 files on (by default from 1,000).
+    env = {"PYTHONPATH": str(REPO), planner.RAY_FOOTERS_MIN_FILES_ENV: "3"}
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", connection(ray_cluster, runtime_env={"env_vars": env}))
+    write_input(tmp_path / "in", [150, 150, 100, 0])
+    here = plan_partitions(config(tmp_path, output_path=str(tmp_path / "planned_here")), 2)
+
+    def read_here(*args, **kwargs):
+        raise AssertionError("the Airflow task read an input footer")
+
+    # From here on, this process (the Airflow worker of dag.test()) must read no footer.
+    monkeypatch.setattr(planner, "read_file_info", read_here)
+    dag = mapped_cluster_dag(
+        "mapped_on_cluster",
+        2,
+        plan_deferrable=True,
+        input_path=str(tmp_path / "in"),
+        output_path=str(tmp_path / "out"),
+        rows_per_range=100,
+    )
+    run = run_dag(dag, LOGICAL_DATE)
+    states = {(ti.task_id, ti.map_index): ti.state for ti in run.get_task_instances()}
+    assert states == {("plan", -1): "success", ("score", 0): "success", ("score", 1): "success"}
+    assert run.get_task_instance("plan").xcom_pull(task_ids="plan") == [p.to_dict() for p in here]
+
+    (plan_job,) = jobs_of(ray_cluster, "mapped_on_cluster", "plan").values()
+    assert plan_job["status"] == "SUCCEEDED" and '"plan_partitions": 2' in plan_job["entrypoint"]
+    assert {j["status"] for j in jobs_of(ray_cluster, "mapped_on_cluster").values()} == {"SUCCEEDED"}
+    job_lines = [line for line in capfd.readouterr().out.splitlines() if "[ray job]" in line]
+    assert any("Read 4 footers in 1 Ray task(s)" in line for line in job_lines), job_lines[-20:]
+    assert_exactly_once(read_output(tmp_path / "out"), range(400))
