@@ -185,9 +185,10 @@ FooterReader = Callable[[AbstractFileSystem, str, list[str], str | None], list[t
 FOOTER_THREADS = 16
 #: Environment variable: the fewest input files whose footers a Ray driver reads with Ray tasks.
 RAY_FOOTERS_MIN_FILES_ENV = "RAYBATCH_RAY_FOOTERS_MIN_FILES"
-#: Below this many files, the threads of the driver read the footers faster than Ray tasks would
-#: be scheduled and started (0.5 ms per local file in benchmarks/planning_cost.py, against about a
-#: second of scheduling); above it, the reads spread over the cluster's nodes and their network.
+#: Below this many files, the driver's threads read the footers before Ray tasks would have
+#: started: a job's first tasks start fresh worker processes (1-3 s measured on 2 cores), while
+#: threads read a local footer in 0.3-0.5 ms (benchmarks/planning_cost.py) and one on an object
+#: store in a request or two. Above it, the reads spread over the cluster's nodes and networks.
 DEFAULT_RAY_FOOTERS_MIN_FILES = 1000
 #: Files per Ray task, at least and at most: a task is worth its scheduling only with some hundred
 #: footers, and a task of a few thousand is short enough to redo if its node is lost.
