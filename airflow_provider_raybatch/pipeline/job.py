@@ -56,11 +56,6 @@ def read_job_result(config: BatchInferenceConfig, submission_id: str) -> dict[st
     return read_json(ledger.fs, path)
 
 
-def write_job_summary(config: BatchInferenceConfig, submission_id: str, summary: RunSummary) -> None:
-    """Leave a Ray Job's run summary in its output."""
-    write_job_result(config, submission_id, summary.to_dict())
-
-
 def read_job_summary(config: BatchInferenceConfig, submission_id: str) -> RunSummary | None:
     """The run summary a Ray Job left (None if it left none), with its submission id."""
     from airflow_provider_raybatch.pipeline.summary import RunSummary
