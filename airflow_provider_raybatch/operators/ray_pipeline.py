@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,12 @@ from airflow_provider_raybatch.credentials import storage_options
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.lineage import operator_lineage
 from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
-from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S, BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.config import (
+    DEFAULT_LEASE_TIMEOUT_S,
+    DEFAULT_PROGRESS_TIMEOUT_S,
+    BatchInferenceConfig,
+    Stage,
+)
 from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError
 
 if TYPE_CHECKING:
@@ -75,6 +81,13 @@ class RayPipelineOperator(BaseOperator):
     :param lease_timeout: seconds without a heartbeat after which another task may take over the
         output's writer lease from a silent writer (a frozen or lost worker). While a writer's
         lease is live, a second task on the same output fails at once (and retries) naming it.
+    :param progress_timeout: seconds (or a ``timedelta``) in which the pipeline must commit a range
+        or deliver a batch (templated). Past it (a predictor hung on a batch) the try fails with a
+        retryable ``NoProgressError`` naming the stage that holds the unfinished batches and the
+        last commit, and Ray's processes of the try are stopped; the retry resumes after the
+        committed ranges. Default one hour; None: no limit. ``execution_timeout`` bounds the whole
+        try however much it commits, so it must allow for the whole run; this catches a stall
+        after the same time whatever the run's size, and says where.
     :param asset: the output's Asset, declared as an outlet; its event's ``extra`` holds the summary.
         Default: derived from ``output_path``'s static prefix (``file:///data/preds`` for
         ``/data/preds/{{ ds }}``), none if it has none; an ``Asset`` or URI; None: no outlet.
@@ -96,6 +109,7 @@ class RayPipelineOperator(BaseOperator):
         "mode",
         "max_rows",
         "max_error_fraction",
+        "progress_timeout",
     )
     operator_extra_links = (RayJobLink(),)
 
@@ -116,6 +130,7 @@ class RayPipelineOperator(BaseOperator):
         max_rows: int | None = None,
         max_error_fraction: float = 0.01,
         lease_timeout: float = DEFAULT_LEASE_TIMEOUT_S,
+        progress_timeout: float | timedelta | None = DEFAULT_PROGRESS_TIMEOUT_S,
         asset: Asset | str | None = _DERIVED,
         plan_partitions: int | None = None,
         partition: dict[str, Any] | None = None,
@@ -125,6 +140,7 @@ class RayPipelineOperator(BaseOperator):
         self.max_rows = max_rows
         self.max_error_fraction = max_error_fraction
         self.lease_timeout = lease_timeout
+        self.progress_timeout = progress_timeout
         self.plan_partitions = plan_partitions
         self.partition = partition
         # A planning task writes no rows; the tasks of a mapped run would each emit an event for
@@ -174,6 +190,7 @@ class RayPipelineOperator(BaseOperator):
             max_error_fraction=float(self.max_error_fraction),
             try_number=ti.try_number,
             lease_timeout=self.lease_timeout,
+            progress_timeout=_seconds(self.progress_timeout),
             range_ids=None if self.partition is None else Partition.from_dict(self.partition).range_ids,
         )
 
@@ -337,6 +354,20 @@ def _fail_without_retry() -> Iterator[None]:
         yield
     except NotRetryableError as e:
         raise AirflowFailException(str(e)) from e
+
+
+def _seconds(value: float | timedelta | str | None) -> float | str | None:
+    """A timeout given as seconds, a ``timedelta`` or a rendered template, in seconds (None stays None)."""
+    if value is None or value in ("", "None"):  # "None": a template that rendered None
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value  # the config's check names the setting and the value
+    return value
 
 
 def _check_paths(**paths: object) -> None:

@@ -18,6 +18,10 @@ ROW_ID_COLUMN = "_row_id"
 #: loaded host or a slow object store never loses a live writer's lease, short enough that a retry
 #: on another host after a lost worker waits only about as long as Airflow's default retry delay.
 DEFAULT_LEASE_TIMEOUT_S = 120.0
+#: Seconds without a committed range or a batch reaching the driver after which a run fails as
+#: stalled (:mod:`~airflow_provider_raybatch.pipeline.watchdog`): far beyond any sane batch, but
+#: a hung predictor no longer holds a task until ``execution_timeout`` (or forever without one).
+DEFAULT_PROGRESS_TIMEOUT_S = 3600.0
 BATCH_FORMATS = ("numpy", "pandas", "pyarrow")
 MODES = ("resume", "overwrite")
 
@@ -156,6 +160,10 @@ class BatchInferenceConfig:
     :param try_number: the Airflow try running it, named in the output's writer lease.
     :param lease_timeout: seconds without a heartbeat after which the output's writer lease of a
         silent writer may be taken over (see :mod:`~airflow_provider_raybatch.pipeline.lease`).
+    :param progress_timeout: seconds in which the pipeline must commit a range or deliver a batch;
+        past it the run fails with the retryable :class:`NoProgressError` naming the stage that
+        holds the unfinished batches (see :mod:`~airflow_provider_raybatch.pipeline.watchdog`).
+        None: no limit (Ray Data's own no-progress guard is off then too).
     """
 
     input_path: str
@@ -173,6 +181,7 @@ class BatchInferenceConfig:
     max_error_fraction: float = 0.01
     try_number: int | None = None
     lease_timeout: float = DEFAULT_LEASE_TIMEOUT_S
+    progress_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT_S
 
     def validate(self) -> None:
         if not self.input_path:
@@ -191,6 +200,10 @@ class BatchInferenceConfig:
             raise ConfigError(f"range_ids must be a non-empty list of range ids or None, got {self.range_ids!r}")
         if not is_number(self.lease_timeout) or self.lease_timeout <= 0:
             raise ConfigError(f"lease_timeout must be a number of seconds > 0, got {self.lease_timeout!r}")
+        if self.progress_timeout is not None and (not is_number(self.progress_timeout) or self.progress_timeout <= 0):
+            raise ConfigError(
+                f"progress_timeout must be a number of seconds > 0 or None, got {self.progress_timeout!r}"
+            )
         if not 0 <= self.max_error_fraction <= 1:
             raise ConfigError(f"max_error_fraction must be between 0 and 1, got {self.max_error_fraction!r}")
         if self.mode not in MODES:

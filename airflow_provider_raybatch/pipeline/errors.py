@@ -33,6 +33,14 @@ class StageError(RayBatchError):
     """A stage returned something that cannot be written (wrong type or row count)."""
 
 
+class NoProgressError(RayBatchError):
+    """The pipeline committed no range and delivered no batch for ``progress_timeout`` seconds (a hung predictor).
+
+    Retryable: the committed ranges stay, Ray's processes of the run are stopped, and a retry
+    resumes after the committed ranges.
+    """
+
+
 class TooManyErrorsError(NotRetryableError):
     """More rows failed in a model than ``max_error_fraction`` allows.
 

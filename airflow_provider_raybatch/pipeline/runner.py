@@ -29,6 +29,7 @@ from airflow_provider_raybatch.pipeline.stages import (
     split_rejected,
 )
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
+from airflow_provider_raybatch.pipeline.watchdog import Watchdog
 from airflow_provider_raybatch.pipeline.writers import RangeWriters
 
 log = logging.getLogger(__name__)
@@ -127,15 +128,17 @@ def _stream(
             **stage.map_batches_kwargs(),
         )
     try:
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
-            if block.num_rows and RANGE_COLUMN not in block.column_names:
-                raise StageError(
-                    f"a transform stage dropped the internal columns (got {block.column_names}); "
-                    f"its output must carry every column starting with {INTERNAL_PREFIX!r}"
-                )
-            for index, rows in split_by_range(block):
-                accepted, rejected = split_rejected(rows)
-                writers.write(index, output_columns(accepted), rejected)
-        writers.check_done()
+        with Watchdog(config.progress_timeout, writers.progress, config.stages, ds) as watchdog:
+            for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+                watchdog.beat()
+                if block.num_rows and RANGE_COLUMN not in block.column_names:
+                    raise StageError(
+                        f"a transform stage dropped the internal columns (got {block.column_names}); "
+                        f"its output must carry every column starting with {INTERNAL_PREFIX!r}"
+                    )
+                for index, rows in split_by_range(block):
+                    accepted, rejected = split_rejected(rows)
+                    writers.write(index, output_columns(accepted), rejected)
+            writers.check_done()
     finally:
         writers.abort()

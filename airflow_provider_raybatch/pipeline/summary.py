@@ -92,6 +92,8 @@ class Progress:
         self.engine_errors = sum(r.get("engine_errors", 0) for r in committed.values())
         self.done = 0
         self.rows_processed = 0
+        #: (range id, time.monotonic()) of this run's latest commit, for the no-progress watchdog.
+        self.last_commit: tuple[str, float] | None = None
 
     @property
     def rows_reached(self) -> int:
@@ -100,6 +102,7 @@ class Progress:
 
     def committed(self, index: int, rows: int | None = None, rejected: int = 0, engine_errors: int = 0) -> None:
         rows = self.plan.ranges[index].rows if rows is None else rows
+        self.last_commit = (self.plan.ranges[index].id, time.monotonic())
         self.done += 1
         self.rows_processed += rows + rejected
         self.rows_out += rows

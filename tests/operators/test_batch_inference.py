@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -15,7 +15,7 @@ from airflow_provider_raybatch.credentials import storage_options
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 from airflow_provider_raybatch.pipeline import Stage
 from tests.conftest import run_dag
-from tests.data import assert_exactly_once, features_table, read_output, write_input
+from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
 LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
@@ -199,3 +199,56 @@ def test_max_error_fraction_bounds_the_rows_a_predictor_rejects(tmp_path, capfd)
         capfd.readouterr()
     )
     assert sorted(pq.read_table(str(tmp_path / "strict" / "_rejects"))["id"].to_pylist()) == [11, 151, 152, 291]
+
+
+def test_progress_timeout_reaches_the_config_in_seconds_and_none_disables_it(tmp_path):
+    context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "t", "map_index": -1, "try_number": 1})()}
+    paths = {"input_path": str(tmp_path / "in"), "output_path": str(tmp_path / "out")}
+    default = RayBatchInferenceOperator(task_id="default", predictor="tests.predictors:score", **paths)
+    assert default.build_config(context).progress_timeout == 3600
+    for given, seconds in ((timedelta(minutes=5), 300), (90, 90), ("12.5", 12.5), (None, None), ("None", None)):
+        operator = RayBatchInferenceOperator(
+            task_id="t", predictor="tests.predictors:score", progress_timeout=given, **paths
+        )
+        assert operator.build_config(context).progress_timeout == seconds, given
+    assert "progress_timeout" in RayBatchInferenceOperator.template_fields
+
+
+def test_a_hung_predictor_fails_the_try_after_progress_timeout_and_the_retry_resumes(tmp_path, capfd):
+    write_input(tmp_path / "in", [500])
+    marker = tmp_path / "hang-marker"
+    marker.touch()
+    common = {
+        "predictor": "tests.stall_predictors:HangOnce",
+        "input_path": str(tmp_path / "in"),
+        "id_column": "id",
+        "rows_per_range": 100,
+        "batch_size": 100,
+    }
+    with DAG("stalled_predictor", schedule=None, start_date=LOGICAL_DATE) as dag:
+        # No limit, and a warm local Ray for the next task: the watchdog counts the stage's start-up.
+        warm = RayBatchInferenceOperator(
+            task_id="warm",
+            predictor_kwargs={"marker": str(tmp_path / "no-marker"), "hang_id": -1},
+            output_path=str(tmp_path / "warm"),
+            progress_timeout=None,
+            **common,
+        )
+        hangs = RayBatchInferenceOperator(
+            task_id="hangs",
+            predictor_kwargs={"marker": str(marker), "hang_id": 250},
+            output_path=str(tmp_path / "out"),
+            progress_timeout=timedelta(seconds=15),
+            retries=1,
+            retry_delay=timedelta(0),
+            **common,
+        )
+        warm >> hangs
+    run = run_dag(dag, LOGICAL_DATE)
+    ti = run.get_task_instance("hangs")
+    assert run.get_task_instance("warm").state == "success"
+    assert ti.state == "success" and ti.try_number == 2  # the first try stalled and was retried
+    logs = "".join(capfd.readouterr())
+    assert "NoProgressError: no range committed and no batch received for 15s (progress_timeout=15s)" in logs
+    assert "stage 'HangOnce': " in logs
+    assert_output_sound(tmp_path / "out", range(500))
