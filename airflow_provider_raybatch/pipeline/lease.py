@@ -171,8 +171,13 @@ class Lease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self.record is not None and self.holds():
-            write_json(self.fs, self._path(self.record.generation), asdict(replace(self.record, released=True)))
+        try:
+            if self.record is not None and self.holds():
+                write_json(self.fs, self._path(self.record.generation), asdict(replace(self.record, released=True)))
+        except OSError as e:
+            # Often the very failure the run is ending on (a full disk, storage gone): it must not
+            # hide that error. Unmarked, the lease is taken over once its heartbeat is stale.
+            log.warning("Could not release the lease of %s (%s); it expires after %gs", self.display, e, self.timeout_s)
         self.record = None
 
     # --- fencing ----------------------------------------------------------------------------

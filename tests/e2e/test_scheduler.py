@@ -271,7 +271,7 @@ def test_a_backfill_writes_each_date_once_in_its_own_folder(airflow):
     assert summary["ranges_skipped"] == summary["ranges_total"] == 2 and summary["rows_processed"] == 0
     assert_output_sound(airflow.data / "output" / "2026-11-04", range(250))
     others = [r for r in runs if r["dag_run_id"] != run_id]
-    assert all(airflow.task_instance(r["dag_run_id"])["try_number"] == 1 for r in others)
+    assert all(airflow.task_instance(r["dag_run_id"])["try_number"] == 1 for r in others), airflow.logs()
 
 
 @pytest.mark.parametrize(

@@ -122,3 +122,23 @@ def test_the_lease_of_a_killed_process_on_this_host_is_taken_at_once(tmp_path):
     record = json.loads((tmp_path / "lease" / f"{retry.record.generation:012d}.json").read_text())
     assert record["holder"]["try_number"] == 2
     retry.release()
+
+
+def test_a_release_that_cannot_write_does_not_hide_the_error_the_run_ends_on(tmp_path, caplog):
+    disk = tmp_path / "small-disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        held = lease(str(disk / "lease"))
+        held.acquire()
+        with open(disk / "filler", "wb", buffering=0) as f:  # the disk fills up, as under the failing run
+            with pytest.raises(OSError, match="No space left"):
+                while True:
+                    f.write(b"\0" * 4096)
+        held.release()  # does not raise: the lease simply expires
+        assert "Could not release the lease" in caplog.text
+        assert held.record is None
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
