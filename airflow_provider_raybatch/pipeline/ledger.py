@@ -25,6 +25,7 @@ accepted rows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import posixpath
@@ -234,6 +235,9 @@ class OutputLedger:
         try:
             write_json(self.fs, f"{self.commits_dir}/{range_id}.json", record)
         except OSError as e:
+            for name in files:  # unpublished again, so that readers never see them (best effort)
+                with contextlib.suppress(OSError):
+                    self.fs.rm(f"{self.root}/{name}")
             raise RayBatchError(
                 f"cannot commit range {range_id} of output {self.display_path!r}: {type(e).__name__}: {e}. "
                 "The ranges committed before it are kept; it is redone on a retry"

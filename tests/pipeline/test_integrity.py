@@ -219,7 +219,7 @@ def test_a_same_size_same_footer_rewrite_is_refused_on_resume(tmp_path):
     cfg = config(
         tmp_path,
         "tests.predictors:FailWhileMarked",
-        predictor_kwargs={"marker": str(marker), "fail_from_id": 600},
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 600, "output": str(tmp_path / "out")},
         batch_size=100,
     )
     with pytest.raises(Exception, match="injected failure"):
@@ -245,7 +245,7 @@ def test_a_plan_recorded_without_the_new_fields_still_resumes(tmp_path):
     cfg = config(
         tmp_path,
         "tests.predictors:FailWhileMarked",
-        predictor_kwargs={"marker": str(marker), "fail_from_id": 600},
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 600, "output": str(tmp_path / "out")},
         batch_size=100,
     )
     with pytest.raises(Exception, match="injected failure"):
