@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -50,7 +50,13 @@ class InputFile:
     null_ids: int | None = None  # nulls in the id column by the footer's statistics (None: unknown)
 
     def describe(self) -> dict[str, Any]:
-        described = {"relpath": self.relpath, "size": self.size, "rows": self.rows, "signature": self.signature}
+        described = {
+            "relpath": self.relpath,
+            "size": self.size,
+            "rows": self.rows,
+            "row_groups": list(self.row_groups),
+            "signature": self.signature,
+        }
         described.update({k: getattr(self, k) for k in FINGERPRINT_FIELDS if getattr(self, k) is not None})
         return described
 
@@ -94,10 +100,10 @@ class Plan:
         return sum(f.rows for f in self.files)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "files": [f.describe() for f in self.files],
-            "ranges": [asdict(r) for r in self.ranges],
-        }
+        """What ``plan.json`` records of the input: its files with their row groups. The ranges are
+        not listed (a million ranges would make a plan of some 100 MB): they follow from the files,
+        ``rows_per_range`` and ``max_rows`` (:func:`recorded_ranges`)."""
+        return {"files": [f.describe() for f in self.files]}
 
 
 def list_input_files(fs: AbstractFileSystem, fs_path: str, display_path: str) -> tuple[str, list[str]]:
@@ -378,6 +384,18 @@ def plan_input(
         [first_schema.field(c).with_type(seen[c][0]) if c in seen else first_schema.field(c) for c in wanted]
     )
     return Plan(files, plan_ranges(files, rows_per_range), schema)
+
+
+def recorded_ranges(recorded: dict[str, Any], rows_per_range: int, max_rows: int | None = None) -> list[RowRange]:
+    """The ranges of a recorded plan (:meth:`Plan.describe`): cut again from its files' row
+    groups exactly as :func:`plan_input` cut them; listed as they are by a plan of layout version 1."""
+    if "ranges" in recorded:
+        return [RowRange(**r) for r in recorded["ranges"]]
+    files = [
+        InputFile(f["relpath"], f["relpath"], f["size"], f["rows"], tuple(f["row_groups"]), f["signature"])
+        for f in recorded["files"]
+    ]
+    return limit_rows(Plan(files, plan_ranges(files, rows_per_range), pa.schema([])), max_rows).ranges
 
 
 def input_changes(recorded: dict[str, Any], plan: Plan) -> str:

@@ -18,12 +18,22 @@ from fsspec import AbstractFileSystem
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
 from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger, PlanRecord
+from airflow_provider_raybatch.pipeline.ledger import (
+    PER_RANGE_RECORDS,
+    PLAN_VERSION,
+    SEGMENT_FANOUT,
+    OutputLedger,
+    PlanRecord,
+)
 from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
 from airflow_provider_raybatch.pipeline.stages import resolve_predictor
 from airflow_provider_raybatch.pipeline.storage import is_local, is_within, resolve, same_filesystem, static_prefix
 
 log = logging.getLogger(__name__)
+
+#: Segments found at the start of a whole-output run above which they are folded into the manifest
+#: before it starts (a finished run folds its own at the end).
+MAX_SEGMENTS_AT_START = 4 * SEGMENT_FANOUT
 
 
 @dataclass
@@ -47,6 +57,15 @@ class PreparedRun:
     lease: Lease
 
     def release(self) -> None:
+        """Fold this writer's commit records together (:meth:`OutputLedger.finish`), then give the lease back.
+
+        Best effort: the records are durable already, and a failure here (often the very one the
+        run is ending on) must not hide the run's own error.
+        """
+        try:
+            self.ledger.finish()
+        except Exception as e:  # noqa: BLE001 - see above; the next whole-output run folds them
+            log.warning("Could not fold the commit records of %s together: %s", self.ledger.display_path, e)
         self.lease.release()
 
 
@@ -89,7 +108,7 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
             f"columns read: {plan.schema.names}"
         )
     ledger = OutputLedger(out_fs, out_path, config.output_path)
-    ledger.tmp_dir = ledger.tmp_folder(config.range_ids)
+    ledger.set_scope(config.range_ids)
     # Read-only checks first: a folder that is not ours, or an output of a newer layout, is refused
     # before the lease writes anything into it.
     if ledger.load_plan() is None:
@@ -179,8 +198,18 @@ def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger)
     if recorded is None:
         ledger.write_plan(PlanRecord(config.input_path, plan.describe(), config.job_signature(), config.run_key))
         committed: dict[str, dict[str, Any]] = {}
+    elif recorded.version == PER_RANGE_RECORDS:
+        # An output of layout 1, checked above against the same input and settings: from now on
+        # its records are read from one manifest instead of a file per range.
+        log.info("Upgrading the bookkeeping of %s to layout version %d", config.output_path, PLAN_VERSION)
+        ledger.upgrade(PlanRecord(config.input_path, plan.describe(), recorded.job, recorded.run_key))
+        committed = ledger.committed()
     else:
         committed = ledger.committed()
+        if ledger.last_read["segments"] > MAX_SEGMENTS_AT_START:
+            # Left by many tries that ended before folding theirs: fold them now, so that the
+            # objects read at start stay few whatever happens to the tries.
+            ledger.compact()
     _remove_uncommitted(ledger, committed, None)
     if not committed:
         # Recorded by a run that then committed nothing: the schema is fixed by the first range committed.

@@ -62,26 +62,29 @@ def _process(
     """Commit every pending range of ``run``: empty ones at once, the others through Ray Data."""
     plan = run.plan
     progress = Progress(plan, run.committed)
-    commits = RangeCommits(run.ledger, plan, progress, config)
-    pending = [i for i, r in enumerate(plan.ranges) if r.id not in run.committed]
-    for index in [i for i in pending if plan.ranges[i].rows == 0]:
-        commits.commit_empty(index, run.keep)
-    pending = [i for i in pending if plan.ranges[i].rows > 0]
-    if not pending:
-        return progress
-    log.info(
-        "%d of %d ranges to process (%d rows); %d already committed",
-        len(pending),
-        len(plan.ranges),
-        sum(plan.ranges[i].rows for i in pending),
-        len(run.committed),
-    )
-    with ray_session(ray_address, namespace):
-        # Transforms are built on the driver before anything is scheduled; a factory checks what it
-        # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
-        transforms = {i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)}
-        check_cluster_resources([(s.display_name, s) for s in config.stages])
-        _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms)
+    with RangeCommits(run.ledger, plan, progress, config) as commits:
+        pending = [i for i, r in enumerate(plan.ranges) if r.id not in run.committed]
+        for index in [i for i in pending if plan.ranges[i].rows == 0]:
+            commits.commit_empty(index, run.keep)
+        commits.flush()
+        pending = [i for i in pending if plan.ranges[i].rows > 0]
+        if not pending:
+            return progress
+        log.info(
+            "%d of %d ranges to process (%d rows); %d already committed",
+            len(pending),
+            len(plan.ranges),
+            sum(plan.ranges[i].rows for i in pending),
+            len(run.committed),
+        )
+        with ray_session(ray_address, namespace):
+            # Transforms are built on the driver before anything is scheduled; a factory checks what it
+            # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
+            transforms = {
+                i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
+            }
+            check_cluster_resources([(s.display_name, s) for s in config.stages])
+            _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms)
     return progress
 
 

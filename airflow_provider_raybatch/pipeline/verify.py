@@ -31,7 +31,7 @@ def verify_output(output_path: str, storage_options: dict[str, Any] | None = Non
     committed = ledger.committed()
     faults: list[str] = []
 
-    planned = [r["id"] for r in plan.input["ranges"]]
+    planned = plan.range_ids()
     missing = [r for r in planned if r not in committed]
     _add(faults, "planned range(s) not committed", missing)
     _add(faults, "commit record(s) of ranges not in the plan", sorted(set(committed) - set(planned)))

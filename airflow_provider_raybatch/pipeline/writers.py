@@ -10,6 +10,14 @@ A range normally arrives in one block, so it gets one file; one that arrives in 
 gets one file per block, and its ids are checked as a key across them by reading back only the
 id column.
 
+Records are batched: a range's files are published as soon as they are complete, and its commit
+record is written with those of the ranges published around it, at most
+:func:`record_interval` seconds later (and at once at the end of the stream, or when it fails).
+The range counts as committed only then; a crash in between leaves its files published without a
+record, which the next run removes before redoing the range. Batching keeps the ledger's objects
+few (a segment per batch, not per range) at the price of redoing up to that interval's ranges
+after a crash.
+
 Each write step also leaves its metadata beside its files (a receipt). When the stream fails
 (a stage raised on another range), the metadata in flight is lost with it, but the files are
 there: the driver reads the receipts it has not seen and commits the ranges they complete
@@ -19,7 +27,10 @@ there: the driver reads the receipts it has not seen and commits the ranges they
 from __future__ import annotations
 
 import logging
+import os
 import posixpath
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +42,13 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
-from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, RayBatchError, RowKeyError, StageError
+from airflow_provider_raybatch.pipeline.errors import (
+    ConfigError,
+    OutputSchemaError,
+    RayBatchError,
+    RowKeyError,
+    StageError,
+)
 from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger, tmp_name
 from airflow_provider_raybatch.pipeline.planner import Plan, RowRange
@@ -57,6 +74,27 @@ WRITE_CPUS = 0.25
 OUTPUT, REJECTS = "output", "rejects"
 #: A write step's receipt in the temporary folder: ``block-<block id>`` + this.
 RECEIPT_SUFFIX = ".metadata.arrow"
+#: Environment variable: the longest a published range waits for its commit record, in seconds
+#: (0: each range is recorded as soon as it is published, in a segment of its own).
+RECORD_INTERVAL_ENV = "RAYBATCH_RECORD_INTERVAL_S"
+#: A second: what a crash can cost in redone ranges is small next to a task's start-up, and a
+#: run of a million ranges writes a few segments a second rather than hundreds.
+DEFAULT_RECORD_INTERVAL_S = 1.0
+#: Records written in one segment at most: a burst of small ranges is recorded without waiting.
+MAX_RECORDS_PER_BATCH = 1000
+
+
+def record_interval() -> float:
+    """:data:`DEFAULT_RECORD_INTERVAL_S`, or the value of :data:`RECORD_INTERVAL_ENV`."""
+    value = os.environ.get(RECORD_INTERVAL_ENV, "").strip()
+    try:
+        seconds = float(value) if value else DEFAULT_RECORD_INTERVAL_S
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        raise ConfigError(f"{RECORD_INTERVAL_ENV} must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
 
 #: What a write step returns for each file it wrote: the only thing the driver receives.
 FILE_METADATA = pa.schema(
@@ -206,10 +244,24 @@ class _Arrived:
 
 
 class RangeCommits:
-    """Collects the write steps' metadata; commits each range when its files hold all its rows."""
+    """Collects the write steps' metadata; publishes each range when its files hold all its rows,
+    and records the published ranges in batches (:meth:`flush`).
+
+    Use it as a context manager around the stream: a thread then writes the records of ranges
+    published :func:`record_interval` seconds ago even while no metadata arrives, and the records
+    still pending are written on the way out.
+    """
 
     def __init__(self, ledger: OutputLedger, plan: Plan, progress: Progress, config: BatchInferenceConfig):
         self.ledger, self.plan, self.progress, self.config = ledger, plan, progress, config
+        self.interval = record_interval()
+        #: Published ranges waiting for their record: (plan index, record), oldest first.
+        self.pending: list[tuple[int, dict[str, Any]]] = []
+        self._pending_since = 0.0
+        self._lock = threading.RLock()  # the driver's thread and the flushing thread
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None  # a flush that failed on the flushing thread
         self.arrived: dict[int, _Arrived] = defaultdict(_Arrived)
         self.blocks_seen: set[str] = set()
         self.schemas: dict[str, pa.Schema] = {}  # kind -> recorded schema, once read or recorded
@@ -230,8 +282,67 @@ class RangeCommits:
             "key_type": None if id_column is None else self.plan.schema.field(id_column).type,
         }
 
+    def __enter__(self) -> RangeCommits:
+        if self.interval > 0:
+            self._thread = threading.Thread(target=self._flush_when_due, name="raybatch-records", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if exc_type is None:
+            self.flush()
+            return
+        try:  # the ranges published before the failure are kept; its error is the one to report
+            self.flush()
+        except Exception as e:  # noqa: BLE001
+            log.warning("Could not record the ranges published before the failure: %s", e)
+
+    def _flush_when_due(self) -> None:
+        while not self._stop.wait(min(self.interval, 1.0) / 4):
+            with self._lock:
+                if self.pending and time.monotonic() - self._pending_since >= self.interval:
+                    try:
+                        self.flush()
+                    except BaseException as e:  # noqa: BLE001 - raised on the driver's thread
+                        self._failure = e
+                        return
+
+    def flush(self) -> None:
+        """Write the records of the published ranges (one segment): they are committed now."""
+        with self._lock:
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                raise failure
+            if not self.pending:
+                return
+            batch, self.pending = self.pending, []
+            self.ledger.record([record for _, record in batch])
+            for index, record in batch:
+                crash_point("committed")
+                self.progress.committed(
+                    index, record["rows"], record.get("rejected", 0), record.get("engine_errors", 0)
+                )
+            self.progress.check_errors(self.config.max_error_fraction, self.config.output_path, final=False)
+
+    def _published(self, index: int, record: dict[str, Any]) -> None:
+        with self._lock:
+            if not self.pending:
+                self._pending_since = time.monotonic()
+            self.pending.append((index, record))
+            if self.interval == 0 or len(self.pending) >= MAX_RECORDS_PER_BATCH:
+                self.flush()
+
     def add(self, metadata: pa.Table) -> None:
-        """Take in the metadata of files written; commit the ranges they complete."""
+        """Take in the metadata of files written; publish the ranges they complete."""
+        with self._lock:
+            if self._failure is not None:
+                self.flush()  # raises it
+            self._add(metadata)
+
+    def _add(self, metadata: pa.Table) -> None:
         self.metadata_bytes += metadata.nbytes
         for file in metadata.to_pylist():
             index = file["range"]
@@ -268,8 +379,7 @@ class RangeCommits:
             files.append(self.ledger.tmp_file(row_range.id))
             with self.ledger.fs.open(files[0], "wb") as f:
                 pq.write_table(schema.empty_table(), f)
-        self.ledger.commit(row_range.id, files, 0)
-        self.progress.committed(index)
+        self._published(index, self.ledger.publish(row_range.id, files, 0))
 
     def salvage(self) -> None:
         """After the stream failed: commit the ranges completed by files whose metadata never arrived.
@@ -277,7 +387,7 @@ class RangeCommits:
         Never raises: the stream's own error is the one to report.
         """
         fs, folder = self.ledger.fs, self.ledger.tmp_dir
-        committed = self.progress.done
+        committed = self.progress.done + len(self.pending)
         try:
             fs.invalidate_cache(folder)
             for path in sorted(fs.ls(folder, detail=False)):
@@ -286,13 +396,15 @@ class RangeCommits:
                     continue
                 with fs.open(path, "rb") as f:
                     self.add(pa.ipc.open_file(f).read_all())
+            self.flush()
         except Exception as e:  # noqa: BLE001 - the run is failing already; its retry redoes the rest
             log.warning("Could not commit every range written before the failure: %s", e)
         if self.progress.done > committed:
             log.info("Committed %d range(s) written before the failure", self.progress.done - committed)
 
     def check_done(self) -> None:
-        """After the stream: every range it carried must have been committed."""
+        """After the stream: every range it carried must have been committed (and is recorded now)."""
+        self.flush()
         if self.arrived:
             short = [self.plan.ranges[i].id for i in self.arrived]
             raise RayBatchError(f"the stream ended before ranges {short} were complete")
@@ -307,12 +419,10 @@ class RangeCommits:
             ]
             for kind, files in arrived.files.items()
         }
-        self.ledger.commit(
+        record = self.ledger.publish(
             row_range.id, paths[OUTPUT], arrived.rows, paths[REJECTS], arrived.rejected, arrived.engine_errors
         )
-        crash_point("committed")
-        self.progress.committed(index, arrived.rows, arrived.rejected, arrived.engine_errors)
-        self.progress.check_errors(self.config.max_error_fraction, self.config.output_path, final=False)
+        self._published(index, record)
 
     def _check_key_across_blocks(self, arrived: _Arrived, row_range: RowRange) -> None:
         """A range's ids are a key across its blocks' files (each block's were checked where it was written)."""
