@@ -91,8 +91,8 @@ class FailWhileMarked:
         return {"score": batch["features"].sum(axis=1)}
 
     def _committed(self) -> bool:
-        commits = os.path.join(self.output or "", "_raybatch", "commits")
-        return self.output is not None and os.path.isdir(commits) and bool(os.listdir(commits))
+        segments = os.path.join(self.output or "", "_raybatch", "segments")
+        return self.output is not None and os.path.isdir(segments) and bool(os.listdir(segments))
 
 
 class LoadMarker:

@@ -21,9 +21,10 @@ from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
 from airflow_provider_raybatch.llm.engines import get_engine
 from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, processor_transform, reserve
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TooManyErrorsError
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.llm.images import CORRUPT, write_images
-from tests.pipeline.test_runner import commit_count, kill_leftovers
+from tests.pipeline.test_runner import RECORD_EACH_RANGE, commit_count, kill_leftovers
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 REPO = Path(__file__).resolve().parents[2]
@@ -115,7 +116,13 @@ def test_a_killed_first_try_resumes_exactly_once_from_the_json_spec(tmp_path, ti
     valid = write_images(tmp_path / "in", 40)
     cfg = vlm_config(tmp_path, tiny_models["llava"])
     ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # a private Ray for the process that gets killed
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(REPO), "RAYBATCH_TEST_CRASH": "published:2"}
+    env = {
+        **os.environ,
+        "RAY_TMPDIR": ray_tmp,
+        "PYTHONPATH": str(REPO),
+        "RAYBATCH_TEST_CRASH": "published:2",
+        **RECORD_EACH_RANGE,
+    }
     try:
         crashed = subprocess.run(
             [sys.executable, "-c", SPEC_SCRIPT, json.dumps(cfg.to_spec())],
@@ -129,7 +136,7 @@ def test_a_killed_first_try_resumes_exactly_once_from_the_json_spec(tmp_path, ti
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
     out = tmp_path / "out"
     assert commit_count(out) == 1  # the second range's files were published, not committed
-    committed = {f for r in (out / "_raybatch" / "commits").glob("*.json") for f in json.loads(r.read_text())["files"]}
+    committed = {f for r in OutputLedger.open(str(out)).committed().values() for f in r["files"]}
     published = {str(p.relative_to(out)) for p in [*out.glob("part-*"), *out.glob("_rejects/part-*")]}
     assert committed < published  # the uncommitted files (output and rejects) are removed on resume
     summary = run_batch_inference(cfg)

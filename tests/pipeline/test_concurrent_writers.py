@@ -38,6 +38,13 @@ def start_writer(tmp_path, **config_kwargs):
     return proc
 
 
+def ledger_objects(output) -> list[tuple[str, int]]:
+    """Every object holding commit records (segments and manifest), with its modification time."""
+    meta = output / "_raybatch"
+    paths = [*meta.glob("segments/*.json"), *meta.glob("manifest.json"), *meta.glob("commits/*.json")]
+    return sorted((str(p.relative_to(meta)), p.stat().st_mtime_ns) for p in paths)
+
+
 def finish(proc) -> str:
     output = proc.communicate(timeout=300)[0]
     kill_leftovers(proc.ray_tmp)
@@ -93,14 +100,14 @@ def test_a_frozen_writer_is_taken_over_and_commits_nothing_after_it_thaws(tmp_pa
             config(tmp_path, run_key="dag_a/run_1/score/-1", try_number=2, lease_timeout=4.0, **SLOW)
         )
         assert summary.ranges_skipped == committed_before and summary.ranges_done == 12 - committed_before
-        records = sorted(p.stat().st_mtime for p in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json"))
+        records = ledger_objects(tmp_path / "out")
     finally:
         zombie.send_signal(signal.SIGCONT)
         output = finish(zombie)
     assert zombie.returncode != 0
     assert LeaseLostError.__name__ in output and "taken over by dag dag_a, run run_1, task score, try 2" in output
     # The thawed writer published and committed nothing more.
-    assert sorted(p.stat().st_mtime for p in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json")) == records
+    assert ledger_objects(tmp_path / "out") == records
     assert_output_sound(tmp_path / "out", range(1200))
     assert read_output(tmp_path / "out").num_rows == 1200
 

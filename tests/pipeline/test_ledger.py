@@ -41,7 +41,7 @@ def test_a_commit_record_is_durable_only_after_the_files_it_names(tmp_path, sysc
     ledger.commit("r1", [data], 2, [rejects], 1, 0)
 
     out = tmp_path / "out"
-    record = out / "_raybatch" / "commits" / "r1.json"
+    (record,) = (out / "_raybatch" / "segments").iterdir()  # a segment holding the one record
     renames = [e for e in syscalls if e[0] == "rename"]
     assert [Path(e[2]) for e in renames] == [out / "part-r1.parquet", out / "_rejects" / "part-r1.parquet", record]
     position = {e: i for i, e in enumerate(syscalls)}
@@ -55,4 +55,4 @@ def test_a_commit_record_is_durable_only_after_the_files_it_names(tmp_path, sysc
         assert first("fsync", folder) < first("rename", record)
     record_tmp = renames[2][1]
     assert first("fsync", record_tmp) < first("rename", record) < first("fsync", record.parent)
-    assert first("fsync", out / "_raybatch") < first("rename", record)  # the new commits/ folder's entry
+    assert first("fsync", out / "_raybatch") < first("rename", record)  # the new segments/ folder's entry

@@ -15,7 +15,7 @@ from airflow_provider_raybatch.pipeline.partitions import Partition, plan_partit
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.storage import resolve
 from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
-from tests.pipeline.test_runner import commit_count, config, kill_leftovers, run_in_subprocess
+from tests.pipeline.test_runner import RECORD_EACH_RANGE, commit_count, config, kill_leftovers, run_in_subprocess
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -119,13 +119,12 @@ def test_max_rows_processes_the_first_rows_once_and_is_part_of_the_job(tmp_path)
 def test_an_armed_crash_fires_once(tmp_path, monkeypatch):
     write_input(tmp_path / "in", [400])
     armed = tmp_path / "armed"
-    env = {"RAYBATCH_TEST_CRASH": "committed:1", "RAYBATCH_TEST_CRASH_ONCE": str(armed)}
+    env = {"RAYBATCH_TEST_CRASH": "committed:1", "RAYBATCH_TEST_CRASH_ONCE": str(armed), **RECORD_EACH_RANGE}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     # Not armed (no file): the crash point is inert, in this very process.
     assert run_batch_inference(config(tmp_path)).ranges_done == 4
-    for record in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json"):
-        record.unlink()  # forget the commits: every range runs again
+    (tmp_path / "out" / "_raybatch" / "manifest.json").unlink()  # forget the commits: every range runs again
 
     armed.touch()
     crashed = run_in_subprocess(tmp_path, "tests.predictors:score", {}, env=env)

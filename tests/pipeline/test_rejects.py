@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooManyErrorsError, TransformStage
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.data import write_input
 from tests.pipeline.test_runner import commit_count
@@ -52,7 +53,7 @@ def test_rejected_rows_go_to_rejects_with_reason_and_skip_later_stages(tmp_path)
     assert summary.rows_out == 380 - len(invalid) - 2 and summary.rows_rejected == len(invalid) + 2
     assert summary.engine_errors == 2 and summary.rows_processed == 380
     # Each commit record names both files of its range.
-    record = json.loads((out / "_raybatch" / "commits" / f"{accepted_range_id(out)}.json").read_text())
+    record = OutputLedger.open(str(out)).committed()[accepted_range_id(out)]
     assert sorted(record["files"]) == [
         f"_rejects/part-{record['range_id']}.parquet",
         f"part-{record['range_id']}.parquet",

@@ -17,6 +17,7 @@ import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
 from airflow_provider_raybatch.pipeline.verify import verify_output
@@ -41,8 +42,12 @@ def config(tmp_path: Path, predictor="tests.predictors:score", **kwargs) -> Batc
 
 
 def commit_count(output: Path) -> int:
-    commits = output / "_raybatch" / "commits"
-    return len(list(commits.glob("*.json"))) if commits.exists() else 0
+    """Ranges committed in ``output``, as its ledger reads them (while a writer may be writing)."""
+    return len(OutputLedger.open(str(output)).committed())
+
+
+#: Records each range as soon as it is published: crash points then fall between two ranges.
+RECORD_EACH_RANGE = {"RAYBATCH_RECORD_INTERVAL_S": "0"}
 
 
 def test_output_holds_kept_columns_and_predictions_once(tmp_path):
@@ -151,7 +156,9 @@ def kill_leftovers(ray_tmp: str) -> None:
 
 def test_sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_nothing(tmp_path):
     write_input(tmp_path / "in", [800])
-    crashed = run_in_subprocess(tmp_path, "tests.predictors:score", {}, env={"RAYBATCH_TEST_CRASH": "published:3"})
+    crashed = run_in_subprocess(
+        tmp_path, "tests.predictors:score", {}, env={"RAYBATCH_TEST_CRASH": "published:3", **RECORD_EACH_RANGE}
+    )
     kill_leftovers(crashed.ray_tmp)
     assert crashed.returncode == -signal.SIGKILL, crashed.output
     out = tmp_path / "out"
@@ -353,7 +360,7 @@ def test_an_output_of_a_newer_layout_is_refused_and_left_alone(tmp_path):
     before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*"))
     for mode in ("resume", "overwrite"):
         with pytest.raises(
-            ConfigError, match=r"written by a newer version .* \(layout version 99; this version reads up to 1\)"
+            ConfigError, match=r"written by a newer version .* \(layout version 99; this version reads up to 2\)"
         ):
             run_batch_inference(config(tmp_path, mode=mode))
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*")) == before

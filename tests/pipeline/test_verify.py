@@ -53,7 +53,7 @@ def test_a_finished_output_passes(output):
 
 def test_each_kind_of_damage_is_named(output):
     parts = sorted(output.glob("part-*.parquet"))
-    commits = output / "_raybatch" / "commits"
+    manifest_path = output / "_raybatch" / "manifest.json"
     # A committed file lost, a stray part file, a file whose rows changed, a commit record lost.
     parts[0].unlink()
     shutil.copy(parts[1], output / "part-stray.parquet")
@@ -62,16 +62,19 @@ def test_each_kind_of_damage_is_named(output):
     table = pq.read_table(parts[3])
     pq.write_table(table.set_column(0, "id", pa.array([dup, *table["id"].to_pylist()[1:]], pa.int64())), parts[3])
     pq.write_table(pq.read_table(parts[4]).slice(0, 10), parts[4])
-    lost_record = commits / f"{parts[5].name.removeprefix('part-').removesuffix('.parquet')}.json"
-    assert json.loads(lost_record.read_text())["files"][0] == parts[5].name
-    lost_record.unlink()
+    lost = parts[5].name.removeprefix("part-").removesuffix(".parquet")
+    manifest = json.loads(manifest_path.read_text())
+    (record,) = [r for r in manifest["records"] if r[0] == lost]
+    assert record[4] == [parts[5].name, f"_rejects/{parts[5].name}"]  # its files, rejects too
+    manifest["records"].remove(record)
+    manifest_path.write_text(json.dumps(manifest))
 
     faults = verify_output(str(output))
     text = "\n".join(faults)
     assert f"1 committed file(s) missing: {parts[0].name}" in text
     # The lost record named the range's rejects file too.
     assert f"3 part file(s) without a commit record: _rejects/{parts[5].name}, {parts[5].name}, part-stray" in text
-    assert f"1 planned range(s) not committed: {lost_record.stem}" in text
+    assert f"1 planned range(s) not committed: {lost}" in text
     assert f"file(s) whose rows differ from their record: {parts[4].name} (10 rows, recorded" in text
     assert f"1 id value(s) written more than once: {dup}" in text
     assert len(faults) == 5

@@ -76,7 +76,7 @@ def test_a_hung_predictor_fails_retryably_naming_the_stage_and_the_last_commit_a
 
     ledger = OutputLedger.open(cfg.output_path)
     committed = set(ledger.committed())
-    planned = [r["id"] for r in ledger.load_plan().input["ranges"]]
+    planned = ledger.load_plan().range_ids()
     hung = planned[5]  # ids 500-599
     assert hung not in committed and 0 < len(committed) < 10
     last = re.search(r"the last commit was range (\S+) at .* UTC, \d+s ago \((\d+) of 10 ranges committed\)", message)
