@@ -200,7 +200,7 @@ class OutputLedger:
         return PlanRecord(**data)
 
     def write_plan(self, plan: PlanRecord) -> None:
-        write_json(self.fs, self.plan_path, asdict(plan))
+        write_json(self.fs, self.plan_path, asdict(plan), compact=True)
         self.version = plan.version
 
     def upgrade(self, plan: PlanRecord) -> None:
@@ -213,7 +213,7 @@ class OutputLedger:
         """
         records = self.committed()
         self.fence()
-        write_json(self.fs, self.manifest_path, _encode(records.values()))
+        write_json(self.fs, self.manifest_path, _encode(records.values()), compact=True)
         self.fence()
         self.write_plan(plan)
         if self.fs.isdir(self.commits_dir):
@@ -381,7 +381,7 @@ class OutputLedger:
     def _write_segment(self, level: int, records: list[dict[str, Any]]) -> None:
         self._seq += 1
         path = f"{self.segments_dir}/{self.scope}.{self.writer_id}.{level}.{self._seq:08d}.json"
-        write_json(self.fs, path, _encode(records))
+        write_json(self.fs, path, _encode(records), compact=True)
         self._levels.setdefault(level, []).append(path)
 
     def _merge(self, fanout: int) -> None:
@@ -446,7 +446,7 @@ class OutputLedger:
         if not segments:
             return
         self.fence()
-        write_json(self.fs, self.manifest_path, _encode(records.values()))
+        write_json(self.fs, self.manifest_path, _encode(records.values()), compact=True)
         self.fence()
         for path in segments:
             with contextlib.suppress(FileNotFoundError):

@@ -78,9 +78,15 @@ def ensure_folder(fs: AbstractFileSystem, folder: str) -> None:
         fsync(fs, posixpath.dirname(folder))
 
 
-def write_json(fs: AbstractFileSystem, path: str, payload: Any) -> None:
-    """Write a JSON file durably, so that readers see the old or the new content, never a partial one."""
-    data = json.dumps(payload, indent=1, sort_keys=True).encode()
+def write_json(fs: AbstractFileSystem, path: str, payload: Any, *, compact: bool = False) -> None:
+    """Write a JSON file durably, so that readers see the old or the new content, never a partial one.
+
+    :param compact: without indentation (large files: a plan, commit records), else one value a line.
+    """
+    if compact:
+        data = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+    else:
+        data = json.dumps(payload, indent=1, sort_keys=True).encode()
     if is_local(fs):
         # Local writes are not atomic: write a sibling, then rename over the target.
         folder = posixpath.dirname(path)

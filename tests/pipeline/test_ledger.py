@@ -9,7 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.lease import LeaseLostError
+from airflow_provider_raybatch.pipeline.ledger import PLAN_VERSION, SEGMENT_FANOUT, OutputLedger, PlanRecord
+from tests.data import OpenRecordingFileSystem
 
 
 @pytest.fixture
@@ -56,3 +58,98 @@ def test_a_commit_record_is_durable_only_after_the_files_it_names(tmp_path, sysc
     record_tmp = renames[2][1]
     assert first("fsync", record_tmp) < first("rename", record) < first("fsync", record.parent)
     assert first("fsync", out / "_raybatch") < first("rename", record)  # the new segments/ folder's entry
+
+
+def commit_empty_ranges(ledger: OutputLedger, ids: list[str], per_segment: int) -> None:
+    """Commit ranges without files, ``per_segment`` records a batch (no file to move: only records written)."""
+    for start in range(0, len(ids), per_segment):
+        ledger.record([ledger.publish(range_id, [], 0) for range_id in ids[start : start + per_segment]])
+
+
+def opened_by_a_resume(tmp_path: Path) -> tuple[int, dict[str, dict]]:
+    """Objects a fresh ledger opens to learn what is committed (as a run's start does), and what it learns."""
+    fs = OpenRecordingFileSystem(str(tmp_path / "opens.log"))
+    fs.opened()
+    committed = OutputLedger(fs, str(tmp_path / "out"), "out").committed()
+    return len(fs.opened()), committed
+
+
+@pytest.mark.parametrize("ranges", [300, 1200])
+def test_a_resume_reads_a_bounded_number_of_objects_however_many_ranges_were_committed(tmp_path, ranges):
+    ledger = OutputLedger.open(str(tmp_path / "out"))
+    ids = [f"r{i:05d}" for i in range(ranges)]
+    commit_empty_ranges(ledger, ids, per_segment=2)  # 150 or 600 batches, as a killed run leaves them
+
+    opened, committed = opened_by_a_resume(tmp_path)
+    assert sorted(committed) == ids
+    # Merged as they were written: at most SEGMENT_FANOUT - 1 per level, levels growing as the log.
+    assert opened == len(list((tmp_path / "out" / "_raybatch" / "segments").iterdir()))
+    assert opened <= (SEGMENT_FANOUT - 1) * 3
+
+    ledger.finish()  # the end of a whole-output run: one manifest
+    opened, committed = opened_by_a_resume(tmp_path)
+    assert opened == 1 and sorted(committed) == ids
+    assert not list((tmp_path / "out" / "_raybatch" / "segments").iterdir())
+
+
+def test_a_layout_1_output_is_read_record_by_record_and_keeps_that_layout_until_upgraded(tmp_path):
+    ledger = OutputLedger.open(str(tmp_path / "out"))
+    ledger.write_plan(PlanRecord("in", {"files": [], "ranges": []}, {"rows_per_range": 10}, None, version=1))
+    commit_empty_ranges(ledger, ["a", "b", "c"], per_segment=3)
+    commits = tmp_path / "out" / "_raybatch" / "commits"
+    assert sorted(p.name for p in commits.iterdir()) == ["a.json", "b.json", "c.json"]  # as version 1 wrote them
+    ledger.finish()  # nothing to fold: a provider of version 1 must still find them where it looks
+    assert sorted(p.name for p in commits.iterdir()) == ["a.json", "b.json", "c.json"]
+    opened, committed = opened_by_a_resume(tmp_path)
+    assert opened == 3 and sorted(committed) == ["a", "b", "c"]
+
+    resumed = OutputLedger.open(str(tmp_path / "out"))
+    assert resumed.load_plan().version == 1
+    resumed.upgrade(PlanRecord("in", {"files": []}, {"rows_per_range": 10}, None))
+    assert resumed.load_plan().version == PLAN_VERSION and not commits.exists()
+    commit_empty_ranges(resumed, ["d"], per_segment=1)
+    opened, committed = opened_by_a_resume(tmp_path)
+    assert opened == 2 and sorted(committed) == ["a", "b", "c", "d"]  # the manifest and one segment
+
+
+def test_partitions_write_their_own_segments_side_by_side_and_the_whole_output_writer_folds_them(tmp_path):
+    writers = []
+    for part in (["p0-a", "p0-b", "p0-c"], ["p1-a", "p1-b", "p1-c"]):
+        writer = OutputLedger.open(str(tmp_path / "out"))
+        writer.set_scope(part)
+        writers.append((writer, part))
+    for step in range(3):  # interleaved, as two tasks commit at the same time
+        for writer, part in writers:
+            commit_empty_ranges(writer, [part[step]], per_segment=1)
+    for writer, _ in writers:
+        writer.finish()  # a partition merges only its own segments
+    segments = sorted(p.name.split(".")[0] for p in (tmp_path / "out" / "_raybatch" / "segments").iterdir())
+    assert segments == sorted(w.scope for w, _ in writers) and segments[0] != segments[1]
+    assert not (tmp_path / "out" / "_raybatch" / "manifest.json").exists()
+    opened, committed = opened_by_a_resume(tmp_path)
+    assert opened == 2 and len(committed) == 6
+
+    whole = OutputLedger.open(str(tmp_path / "out"))
+    whole.committed()
+    whole.finish()
+    opened, committed = opened_by_a_resume(tmp_path)
+    assert opened == 1 and len(committed) == 6
+
+
+def test_a_writer_that_lost_its_lease_writes_no_record_and_folds_nothing(tmp_path):
+    ledger = OutputLedger.open(str(tmp_path / "out"))
+    commit_empty_ranges(ledger, ["r1"], per_segment=1)
+    record = ledger.publish("r2", [], 0)
+
+    def lost():
+        raise LeaseLostError("taken over")
+
+    ledger.fence = lost
+    segments = tmp_path / "out" / "_raybatch" / "segments"
+    before = sorted(segments.iterdir())
+    with pytest.raises(LeaseLostError):
+        ledger.record([record])
+    with pytest.raises(LeaseLostError):
+        ledger.finish()
+    assert sorted(segments.iterdir()) == before and not (tmp_path / "out" / "_raybatch" / "manifest.json").exists()
+    assert sorted(OutputLedger.open(str(tmp_path / "out")).committed()) == ["r1"]

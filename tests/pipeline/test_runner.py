@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import pytest
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.planner import recorded_ranges
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
 from airflow_provider_raybatch.pipeline.verify import verify_output
@@ -364,3 +366,55 @@ def test_an_output_of_a_newer_layout_is_refused_and_left_alone(tmp_path):
         ):
             run_batch_inference(config(tmp_path, mode=mode))
     assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "out").rglob("*")) == before
+
+
+def as_layout_1(output: Path, keep: int) -> list[str]:
+    """Rewrite a finished output as version 1 of the provider wrote it (a record file per range, the
+    ranges listed in the plan), with only its first ``keep`` records; return the ranges' ids."""
+    meta = output / "_raybatch"
+    plan = json.loads((meta / "plan.json").read_text())
+    ranges = recorded_ranges(plan["input"], plan["job"]["rows_per_range"])
+    files = [{k: v for k, v in f.items() if k != "row_groups"} for f in plan["input"]["files"]]
+    plan.update(version=1, input={"files": files, "ranges": [dataclasses.asdict(r) for r in ranges]})
+    (meta / "plan.json").write_text(json.dumps(plan))
+    committed = OutputLedger.open(str(output)).committed()
+    (meta / "commits").mkdir()
+    for range_id in [r.id for r in ranges][:keep]:
+        record = {k: v for k, v in committed[range_id].items() if k != "committed_at"}
+        (meta / "commits" / f"{range_id}.json").write_text(json.dumps(record))
+    (meta / "manifest.json").unlink()
+    return [r.id for r in ranges]
+
+
+def test_an_output_of_layout_1_is_verified_resumed_and_upgraded(tmp_path):
+    write_input(tmp_path / "in", [500])
+    run_batch_inference(config(tmp_path))
+    out = tmp_path / "out"
+    ids = as_layout_1(out, keep=3)
+    faults = verify_output(str(out))  # read as version 1 wrote it: the two ranges without a record
+    assert faults[0] == f"2 planned range(s) not committed: {ids[3]}, {ids[4]}", faults
+    assert faults[1] == f"2 part file(s) without a commit record: part-{ids[3]}.parquet, part-{ids[4]}.parquet"
+
+    summary = run_batch_inference(config(tmp_path))
+    assert summary.ranges_skipped == 3 and summary.ranges_done == 2 and summary.rows_processed == 200
+    assert_output_sound(out, range(500))
+    # Upgraded: a manifest instead of a record per range, the plan without its list of ranges.
+    plan = json.loads((out / "_raybatch" / "plan.json").read_text())
+    assert plan["version"] == 2 and "ranges" not in plan["input"]
+    assert not (out / "_raybatch" / "commits").exists() and (out / "_raybatch" / "manifest.json").exists()
+    assert run_batch_inference(config(tmp_path)).ranges_skipped == 5
+
+
+def test_a_crash_while_records_wait_for_their_batch_redoes_only_those_ranges(tmp_path):
+    write_input(tmp_path / "in", [800])
+    # Records wait up to a minute: the third range is published when the process dies, and none recorded.
+    env = {"RAYBATCH_TEST_CRASH": "published:3", "RAYBATCH_RECORD_INTERVAL_S": "60"}
+    crashed = run_in_subprocess(tmp_path, "tests.predictors:score", {}, env=env)
+    kill_leftovers(crashed.ray_tmp)
+    assert crashed.returncode == -signal.SIGKILL, crashed.output
+    out = tmp_path / "out"
+    assert commit_count(out) == 0
+    assert len(list(out.glob("part-*.parquet"))) == 3  # published without a record
+    summary = run_batch_inference(config(tmp_path))
+    assert summary.ranges_skipped == 0 and summary.rows_processed == 800
+    assert_output_sound(out, range(800))

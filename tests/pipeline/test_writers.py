@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
+from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.prepare import prepare
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.stages import read_range
 from airflow_provider_raybatch.pipeline.summary import Progress
-from airflow_provider_raybatch.pipeline.writers import RECEIPT_SUFFIX, RangeCommits, write_block
+from airflow_provider_raybatch.pipeline.writers import RECEIPT_SUFFIX, RECORD_INTERVAL_ENV, RangeCommits, write_block
 from tests.data import assert_exactly_once, assert_output_sound, read_output, write_input
 from tests.pipeline.test_runner import config
 
@@ -45,7 +49,39 @@ def test_a_block_is_written_to_the_temporary_folder_and_only_its_metadata_return
     assert len(receipts) == 1 and file["block"] in receipts[0]
 
     commits.add(metadata)
-    assert list(OutputLedger.open(cfg.output_path).committed()) == [run.plan.ranges[1].id]
+    # Published (its file has its final name), recorded with the next batch: committed only then.
+    range_id = run.plan.ranges[1].id
+    assert (Path(cfg.output_path) / f"part-{range_id}.parquet").exists()
+    assert OutputLedger.open(cfg.output_path).committed() == {} and commits.progress.done == 0
+    commits.flush()
+    assert list(OutputLedger.open(cfg.output_path).committed()) == [range_id] and commits.progress.done == 1
+
+
+def test_a_published_range_is_recorded_within_the_interval_though_nothing_else_arrives(prepared, monkeypatch):
+    cfg, run = prepared
+    monkeypatch.setenv(RECORD_INTERVAL_ENV, "0.5")
+    with RangeCommits(run.ledger, run.plan, Progress(run.plan, run.committed), cfg) as commits:
+        kwargs = commits.write_step_kwargs()
+        commits.add(write_block(scored_block(run, 0), **kwargs))
+        commits.add(write_block(scored_block(run, 2), **kwargs))
+        published = time.monotonic()
+        while not OutputLedger.open(cfg.output_path).committed() and time.monotonic() < published + 10:
+            time.sleep(0.05)
+        waited = time.monotonic() - published
+        # Both in one batch, one segment: written by the flushing thread, the stream idle meanwhile.
+        assert sorted(OutputLedger.open(cfg.output_path).committed()) == sorted(run.plan.ranges[i].id for i in (0, 2))
+        assert 0.3 < waited < 2, waited
+        assert len(run.ledger.fs.ls(run.ledger.segments_dir)) == 1 and commits.progress.done == 2
+        commits.add(write_block(scored_block(run, 1), **kwargs))
+    # Leaving the block records what is still pending.
+    assert len(OutputLedger.open(cfg.output_path).committed()) == 3 and commits.progress.done == 3
+
+
+def test_a_bad_record_interval_is_named(prepared, monkeypatch):
+    cfg, run = prepared
+    monkeypatch.setenv(RECORD_INTERVAL_ENV, "soon")
+    with pytest.raises(ConfigError, match=f"{RECORD_INTERVAL_ENV} must be a number of seconds >= 0, got 'soon'"):
+        RangeCommits(run.ledger, run.plan, Progress(run.plan, run.committed), cfg)
 
 
 def test_ranges_written_before_the_stream_failed_are_committed_from_their_receipts(prepared):
