@@ -220,19 +220,21 @@ def run_variant(
     return VariantRun(variant, params, env, pss).finish()
 
 
-def commit_records(output: Path) -> list[Path]:
-    commits = Path(output) / "_raybatch" / "commits"
-    return sorted(commits.glob("*.json")) if commits.is_dir() else []
+def commit_records(output: Path) -> list[dict[str, Any]]:
+    """The output's commit records, as its ledger reads them (also while a run writes them)."""
+    from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+
+    return list(OutputLedger.open(str(output)).committed().values())
 
 
 def commit_timeline(output: Path, started_at: float) -> dict[str, Any]:
-    """When ranges were committed, from their records' modification times.
+    """When ranges were committed, from the commit times their records hold.
 
     ``first_commit_s``: seconds from the run's start to its first committed range (the fixed
     cost a task pays before any result is safe); ``steady_rows_per_s``: the rate between the
     first and the last commit, i.e. the pipeline's speed once running.
     """
-    records = [(path.stat().st_mtime, json.loads(path.read_text())["rows"]) for path in commit_records(output)]
+    records = [(r["committed_at"], r["rows"]) for r in commit_records(output) if "committed_at" in r]
     records = sorted(r for r in records if r[0] >= started_at)
     if not records:
         return {}

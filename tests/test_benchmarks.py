@@ -47,3 +47,21 @@ def test_commit_cost_script_runs(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = json.loads((out / "commit_cost.json").read_text())["rows"]
     assert [r["setting"] for r in rows] == ["durable and fenced", "fenced, no fsync", "neither"]
+
+
+def test_ledger_cost_script_runs(tmp_path):
+    out = tmp_path / "results"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "ledger_cost.py"), "--ranges", "50", "--record-each", "5"]
+        + ["--out", str(out), "--work-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = json.loads((out / "ledger_cost.json").read_text())["rows"]
+    assert [(r["layout"], r["objects_read"]) for r in rows] == [
+        ("layout 1", 50),
+        ("layout 2, folded", 1),
+        ("layout 2, killed", 2),  # 50 records, 30 a segment
+    ]

@@ -168,6 +168,7 @@ def airflow() -> Iterator[Airflow]:
         "RAYBATCH_RETRY_DELAY_S": "2",
         "RAYBATCH_TEST_CRASH": "committed:1",
         "RAYBATCH_TEST_CRASH_ONCE": str(home / "crash-armed"),
+        "RAYBATCH_RECORD_INTERVAL_S": "0",  # each range recorded alone: the crash follows exactly one
         "RAY_TMPDIR": ray_tmp,
     }
     subprocess.run(
