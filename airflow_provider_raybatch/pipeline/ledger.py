@@ -274,22 +274,26 @@ class OutputLedger:
 
     def _read_records(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
         """Every commit record, and the segments and per-range record files they were read from."""
+        # Listed before the manifest is read: a fold writes the manifest before it deletes what it
+        # folded, so a record is in the manifest read or in a listed object (or its read fails,
+        # and committed() reads again). Read the other way round, a fold in between could hide it.
+        listed = {
+            kind: _json_files(self.fs, folder)
+            for kind, folder in (("records", self.commits_dir), ("segments", self.segments_dir))
+        }
         records: dict[str, dict[str, Any]] = {}
         read = {"manifest": 0, "segments": 0, "records": 0}
         if self.fs.exists(self.manifest_path):
             records.update(_decode(read_json(self.fs, self.manifest_path)))
             read["manifest"] = 1
-        sources = []
-        for folder, kind in ((self.commits_dir, "records"), (self.segments_dir, "segments")):
-            paths = _json_files(self.fs, folder)
+        for kind, paths in listed.items():
             with ThreadPoolExecutor(max_workers=16) as pool:
                 for data in pool.map(lambda p: read_json(self.fs, p), paths):
                     records.update(_decode(data) if kind == "segments" else {data["range_id"]: data})
             read[kind] = len(paths)
-            sources += paths
         self.last_read = read
         self._segments_seen = self._segments_seen or bool(read["segments"])
-        return records, sources
+        return records, listed["records"] + listed["segments"]
 
     def commit(
         self,
@@ -409,7 +413,7 @@ class OutputLedger:
 
     def finish(self) -> None:
         """At the end of a writer's run: the whole output's writer folds every record into the
-        manifest (:meth:`compact`); a partition's writer merges its own segments into one."""
+        manifest (:meth:`compact`); a partition's writer merges its scope's segments into one."""
         if self.scope == OUTPUT_SCOPE:
             if self._levels or self._segments_seen:
                 self.compact()
@@ -417,16 +421,19 @@ class OutputLedger:
             self._merge_all()
 
     def _merge_all(self) -> None:
-        paths = [p for level in sorted(self._levels) for p in self._levels[level]]
+        """Merge every segment of this writer's scope into one: its own, and those that earlier
+        writers of the scope (killed tries of the same partition) left. The scope's lease keeps any
+        other writer of it away meanwhile."""
+        prefix = f"{self.scope}."
+        paths = [p for p in _json_files(self.fs, self.segments_dir) if posixpath.basename(p).startswith(prefix)]
         if len(paths) < 2:
             return
         records: dict[str, dict[str, Any]] = {}
         for path in paths:
             records.update(_decode(read_json(self.fs, path)))
         self.fence()
-        top = max(self._levels) + 1
         self._levels = {}
-        self._write_segment(top, list(records.values()))
+        self._write_segment(0, list(records.values()))
         for path in paths:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm(path)

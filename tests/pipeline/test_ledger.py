@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -129,11 +130,23 @@ def test_partitions_write_their_own_segments_side_by_side_and_the_whole_output_w
     opened, committed = opened_by_a_resume(tmp_path)
     assert opened == 2 and len(committed) == 6
 
+    # A killed try of the first partition leaves segments; its retry folds them with its own.
+    killed, retry = OutputLedger.open(str(tmp_path / "out")), OutputLedger.open(str(tmp_path / "out"))
+    for writer in (killed, retry):
+        writer.set_scope(writers[0][1])
+    commit_empty_ranges(killed, ["p0-d", "p0-e"], per_segment=1)
+    commit_empty_ranges(retry, ["p0-f"], per_segment=1)
+    retry.finish()
+    segments = sorted(p.name.split(".")[0] for p in (tmp_path / "out" / "_raybatch" / "segments").iterdir())
+    assert segments == sorted(w.scope for w, _ in writers)
+    opened, committed = opened_by_a_resume(tmp_path)
+    assert opened == 2 and len(committed) == 9
+
     whole = OutputLedger.open(str(tmp_path / "out"))
     whole.committed()
     whole.finish()
     opened, committed = opened_by_a_resume(tmp_path)
-    assert opened == 1 and len(committed) == 6
+    assert opened == 1 and len(committed) == 9
 
 
 def test_a_writer_that_lost_its_lease_writes_no_record_and_folds_nothing(tmp_path):
@@ -153,3 +166,31 @@ def test_a_writer_that_lost_its_lease_writes_no_record_and_folds_nothing(tmp_pat
         ledger.finish()
     assert sorted(segments.iterdir()) == before and not (tmp_path / "out" / "_raybatch" / "manifest.json").exists()
     assert sorted(OutputLedger.open(str(tmp_path / "out")).committed()) == ["r1"]
+
+
+def test_a_reader_never_misses_a_record_while_the_writer_merges_and_folds(tmp_path):
+    """What the verifier or a test sees while a run writes: every read holds all an earlier read held."""
+    writer = OutputLedger.open(str(tmp_path / "out"))
+    ids = [f"r{i:04d}" for i in range(400)]
+    done = threading.Event()
+
+    def write():
+        try:
+            for start in range(0, len(ids), 50):
+                commit_empty_ranges(writer, ids[start : start + 50], per_segment=1)  # merges as it goes
+                writer.compact()  # and folds, as a run's end or start does
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    seen: set[str] = set()
+    reads = 0
+    try:
+        while not done.is_set():
+            now = set(OutputLedger.open(str(tmp_path / "out")).committed())
+            assert seen <= now, sorted(seen - now)[:5]
+            seen, reads = now, reads + 1
+    finally:
+        thread.join()
+    assert reads > 5 and set(OutputLedger.open(str(tmp_path / "out")).committed()) == set(ids)
