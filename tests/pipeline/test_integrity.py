@@ -320,7 +320,10 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def test_a_full_disk_names_the_output_and_the_range_and_keeps_what_was_committed(tmp_path, small_disk):
+def test_a_full_disk_names_the_output_and_the_range_and_keeps_what_was_committed(tmp_path, small_disk, monkeypatch):
+    # Each range recorded as it is published: ranges are committed before the disk fills. (Batched,
+    # the batch whose record no longer fits is unpublished whole: nothing committed, nothing lost.)
+    monkeypatch.setenv("RAYBATCH_RECORD_INTERVAL_S", "0")
     write_input(tmp_path / "in", [60_000], row_group_size=6_000)
     output = small_disk / "out"
     cfg = config(tmp_path, output_path=str(output), rows_per_range=6_000)
