@@ -133,10 +133,10 @@ def test_a_release_that_cannot_write_does_not_hide_the_error_the_run_ends_on(tmp
     try:
         held = lease(str(disk / "lease"))
         held.acquire()
-        with open(disk / "filler", "wb", buffering=0) as f:  # the disk fills up, as under the failing run
-            with pytest.raises(OSError, match="No space left"):
-                while True:
-                    f.write(b"\0" * 4096)
+        # The disk fills up, as under the failing run.
+        with open(disk / "filler", "wb", buffering=0) as f, pytest.raises(OSError, match="No space left"):
+            while True:
+                f.write(b"\0" * 4096)
         held.release()  # does not raise: the lease simply expires
         assert "Could not release the lease" in caplog.text
         assert held.record is None
