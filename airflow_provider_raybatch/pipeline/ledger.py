@@ -17,10 +17,9 @@ Layout of an output folder::
 
 A range is committed by (1) writing its files under ``_raybatch/tmp/`` (on the Ray workers that
 computed its rows), (2) moving them to their final names, (3) writing its commit record, which
-names them all. A crash before (3) leaves
-at most files without a record, which are deleted before the range is redone; a reader of a
-finished output only ever sees whole ranges, each once, and a range's rejects exactly when its
-accepted rows.
+names them all. A crash before (3) leaves at most files without a record, which are deleted
+before the range is redone; a reader of a finished output only ever sees whole ranges, each
+once, and a range's rejects exactly when its accepted rows.
 """
 
 from __future__ import annotations
