@@ -70,10 +70,11 @@ def make_input(work_dir: Path, rows: int, rows_per_file: int = ROWS_PER_FILE, se
     return folder
 
 
-def weights(work_dir: Path) -> Path:
-    from benchmarks.model import save_weights
+def weights(work_dir: Path, model: str = "heavy") -> Path:
+    from benchmarks.model import SHAPES, save_weights
 
-    return save_weights(work_dir / "mlp.safetensors")
+    name = "mlp.safetensors" if model == "heavy" else f"mlp-{model}.safetensors"
+    return save_weights(work_dir / name, **SHAPES[model])
 
 
 # --- runs in child processes ------------------------------------------------------------------
@@ -387,11 +388,14 @@ def base_parser(description: str, rows: list[int]) -> argparse.ArgumentParser:
     return parser
 
 
-def common_params(args: argparse.Namespace, input_path: Path, output_path: Path) -> dict[str, Any]:
+def common_params(
+    args: argparse.Namespace, input_path: Path, output_path: Path, model: str = "heavy"
+) -> dict[str, Any]:
     return {
         "input": str(input_path),
         "output": str(output_path),
-        "weights": str(weights(args.work_dir)),
+        "model": model,
+        "weights": str(weights(args.work_dir, model)),
         "batch_size": args.batch_size,
         "threads": args.threads,
         "rows_per_range": args.rows_per_range,

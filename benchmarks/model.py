@@ -16,33 +16,44 @@ MODEL_CLASS = "benchmarks.model:MLP"
 
 
 class MLP(nn.Module):
-    """32 -> 256 -> 256 -> 10: big enough that inference, not I/O, is most of a plain loop's time."""
+    """32 -> hidden (x layers) -> outputs. The default, 32-256-256-10, is big enough that inference,
+    not I/O, is most of a plain loop's time; :data:`SHAPES` names lighter ones."""
 
-    def __init__(self, hidden: int = 256):
+    def __init__(self, hidden: int = 256, layers: int = 2, outputs: int = OUTPUTS):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, OUTPUTS)
-        )
+        sizes = [FEATURES] + [hidden] * layers + [outputs]
+        modules: list[nn.Module] = []
+        for n_in, n_out in zip(sizes, sizes[1:], strict=False):
+            modules += [nn.Linear(n_in, n_out), nn.ReLU()]
+        self.net = nn.Sequential(*modules[:-1])  # no ReLU after the last layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
 
-def save_weights(path: Path, seed: int = 0) -> Path:
+#: Model shapes by name (MLP keyword arguments): the data path shows under a light model.
+SHAPES: dict[str, dict[str, int]] = {
+    "heavy": {},  # 32-256-256-10
+    "light": {"hidden": 64, "layers": 1},  # 32-64-10
+    "wide": {"hidden": 64, "layers": 1, "outputs": 256},  # 32-64-256: 256 float32 out per row
+}
+
+
+def save_weights(path: Path, seed: int = 0, **shape: int) -> Path:
     """Random weights (seeded), saved as safetensors like a trained model would be."""
     from safetensors.torch import save_file
 
     if not path.exists():
         torch.manual_seed(seed)
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(MLP().state_dict(), str(path))
+        save_file(MLP(**shape).state_dict(), str(path))
     return path
 
 
-def load_model(weights_path: str, threads: int) -> MLP:
+def load_model(weights_path: str, threads: int, **shape: int) -> MLP:
     from safetensors.torch import load_file
 
     torch.set_num_threads(threads)
-    model = MLP()
+    model = MLP(**shape)
     model.load_state_dict(load_file(weights_path))
     return model.eval()

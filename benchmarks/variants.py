@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -32,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from benchmarks.model import FEATURES, MODEL_CLASS, OUTPUTS, load_model
+from benchmarks.model import FEATURES, MODEL_CLASS, SHAPES, load_model
 
 OUTPUT_ROW_GROUP_ROWS = 65_536  # as the operator's writer
 # Arrow buffers are read-only; the model only reads its input, so a zero-copy view is safe.
@@ -46,25 +47,26 @@ def features_view(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 
 def logits_column(logits: np.ndarray) -> pa.FixedSizeListArray:
-    return pa.FixedSizeListArray.from_arrays(pa.array(logits.reshape(-1)), OUTPUTS)
+    return pa.FixedSizeListArray.from_arrays(pa.array(logits.reshape(-1)), logits.shape[1])
 
 
 # --- plain: no Ray ----------------------------------------------------------------------------
 
 
 def plain(p: dict[str, Any]) -> dict[str, Any]:
-    model = load_model(p["weights"], p["threads"])
+    model = load_model(p["weights"], p["threads"], **SHAPES[p.get("model", "heavy")])
     output = Path(p["output"])
     output.mkdir(parents=True)
     rows = 0
     for index, path in enumerate(sorted(Path(p["input"]).glob("*.parquet"))):
-        with pq.ParquetWriter(output / f"part-{index:04d}.parquet", _output_schema()) as writer:
+        schema = pa.schema([("id", pa.int64()), ("logits", pa.list_(pa.float32(), model.net[-1].out_features))])
+        with pq.ParquetWriter(output / f"part-{index:04d}.parquet", schema) as writer:
             pending: list[pa.RecordBatch] = []
             for batch in pq.ParquetFile(path).iter_batches(batch_size=p["batch_size"], columns=["id", "features"]):
                 x = torch.from_numpy(features_view(batch.column("features")))
                 with torch.inference_mode():
                     logits = model(x).numpy()
-                pending.append(pa.record_batch([batch.column("id"), logits_column(logits)], schema=_output_schema()))
+                pending.append(pa.record_batch([batch.column("id"), logits_column(logits)], schema=schema))
                 rows += batch.num_rows
                 if sum(b.num_rows for b in pending) >= OUTPUT_ROW_GROUP_ROWS:
                     writer.write_table(pa.Table.from_batches(pending), row_group_size=OUTPUT_ROW_GROUP_ROWS)
@@ -72,10 +74,6 @@ def plain(p: dict[str, Any]) -> dict[str, Any]:
             if pending:
                 writer.write_table(pa.Table.from_batches(pending), row_group_size=OUTPUT_ROW_GROUP_ROWS)
     return {"rows": rows}
-
-
-def _output_schema() -> pa.Schema:
-    return pa.schema([("id", pa.int64()), ("logits", pa.list_(pa.float32(), OUTPUTS))])
 
 
 # --- the operator -----------------------------------------------------------------------------
@@ -93,6 +91,7 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         predictor="airflow_provider_raybatch.predictors.torch:TorchPredictor",
         predictor_kwargs={
             "model_class": MODEL_CLASS,
+            "model_kwargs": SHAPES[p.get("model", "heavy")],
             "weights_path": p["weights"],
             "input_column": "features",
             "output_column": "logits",
@@ -110,6 +109,7 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         asset=None,  # no DAG run here to emit an asset event in
     )
     context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
+    driver_bytes = _count_driver_bytes() if p.get("count_driver_bytes") else None
     if p.get("ray_address"):
         # An existing cluster: what execute() does once the hook resolved a connection's address.
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
@@ -117,7 +117,27 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         summary = run_batch_inference(task.build_config(context), ray_address=p["ray_address"]).to_dict()
     else:
         summary = task.execute(context)
-    return {"rows": summary["rows_processed"], "summary": summary}
+    result = {"rows": summary["rows_processed"], "summary": summary}
+    if driver_bytes is not None:
+        result["driver_bytes"] = driver_bytes[0]
+        result["driver_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return result
+
+
+def _count_driver_bytes() -> list[int]:
+    """Count the bytes of every batch this process takes from a Ray dataset (one counter, in a list)."""
+    import ray.data
+
+    counted = [0]
+    iter_batches = ray.data.Dataset.iter_batches
+
+    def counting(self, *args, **kwargs):
+        for batch in iter_batches(self, *args, **kwargs):
+            counted[0] += batch.nbytes
+            yield batch
+
+    ray.data.Dataset.iter_batches = counting
+    return counted
 
 
 # --- hand-written Ray Data pipelines ----------------------------------------------------------
@@ -233,6 +253,8 @@ VARIANTS = {
 
 def main(argv: list[str]) -> None:
     name, params = argv[0], json.loads(argv[1])
+    if params.get("package_root"):  # another checkout's provider (benchmarks/driver_path.py's "before")
+        sys.path.insert(0, params["package_root"])
     if params.get("fresh_output", True) and "output" in params:
         shutil.rmtree(params["output"], ignore_errors=True)
     if name == "operator":

@@ -73,16 +73,26 @@ class SlowScore:
 
 
 class FailWhileMarked:
-    """Raises on rows with id >= fail_from_id while the marker file exists (a failing first try)."""
+    """Raises on rows with id >= fail_from_id while the marker file exists (a failing first try).
 
-    def __init__(self, marker: str, fail_from_id: int):
-        self.marker, self.fail_from_id = marker, fail_from_id
+    With ``output``, it raises only once a range of that output is committed (within a minute),
+    so that the failure finds committed ranges to resume after, however fast the stage runs.
+    """
+
+    def __init__(self, marker: str, fail_from_id: int, output: str | None = None):
+        self.marker, self.fail_from_id, self.output = marker, fail_from_id, output
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if os.path.exists(self.marker) and batch["id"].max() >= self.fail_from_id:
-            time.sleep(1.0)  # let the ranges already scored reach the driver and be committed
+            deadline = time.monotonic() + (60 if self.output else 1)
+            while time.monotonic() < deadline and not self._committed():
+                time.sleep(0.1)
             raise RuntimeError("injected failure")
         return {"score": batch["features"].sum(axis=1)}
+
+    def _committed(self) -> bool:
+        commits = os.path.join(self.output or "", "_raybatch", "commits")
+        return self.output is not None and os.path.isdir(commits) and bool(os.listdir(commits))
 
 
 class LoadMarker:

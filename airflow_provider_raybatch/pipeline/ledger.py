@@ -2,26 +2,29 @@
 
 Layout of an output folder::
 
-    part-<range id>.parquet          one file per committed range (readers see only these)
-    _rejects/part-<range id>.parquet the range's rejected rows (row key, reason, kind), if any
+    part-<range id>.parquet          the file of a committed range (readers see only these);
+    part-<range id>.<n>.parquet      or its files, one per block, when it arrived in several blocks
+    _rejects/part-<range id>...      the range's rejected rows (row key, reason, kind), if any
     _raybatch/plan.json              input fingerprint, ranges, job signature, run key
-    _raybatch/commits/<range id>.json  one record per committed range: its file and row count
+    _raybatch/commits/<range id>.json  one record per committed range: its files and row counts
     _raybatch/schemas/output.json    the output's schema, recorded by the first range committed
     _raybatch/schemas/rejects.json   the rejects' schema, recorded by the first range with rejects
     _raybatch/tmp/                   files being written, published by a rename when complete
+                                     (a partition's writer has its own subfolder)
     _raybatch/lease/                 the writer lease of the whole output (see :mod:`.lease`)
     _raybatch/leases/<partition>/    the writer lease of one partition's ranges
     _raybatch/jobs/<submission id>.json  summary of a run submitted as a Ray Job
 
-A range is committed by (1) writing its files under ``_raybatch/tmp/``, (2) moving them to
-their final names, (3) writing its commit record, which names both. A crash before (3) leaves
-at most files without a record, which are deleted before the range is redone; a reader of a
-finished output only ever sees whole ranges, each once, and a range's rejects exactly when its
-accepted rows.
+A range is committed by (1) writing its files under ``_raybatch/tmp/`` (on the Ray workers that
+computed its rows), (2) moving them to their final names, (3) writing its commit record, which
+names them all. A crash before (3) leaves at most files without a record, which are deleted
+before the range is redone; a reader of a finished output only ever sees whole ranges, each
+once, and a range's rejects exactly when its accepted rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import posixpath
@@ -34,7 +37,7 @@ from typing import Any
 import pyarrow as pa
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, RayBatchError
 from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.schemas import schema_from_json, schema_to_json
 from airflow_provider_raybatch.pipeline.storage import (
@@ -82,7 +85,8 @@ class OutputLedger:
         self.meta = f"{root}/{META_DIR}"
         self.plan_path = f"{self.meta}/plan.json"
         self.commits_dir = f"{self.meta}/commits"
-        self.tmp_dir = f"{self.meta}/tmp"
+        #: This writer's temporary folder: a partition's writer is given its own (:meth:`tmp_folder`).
+        self.tmp_dir = self.tmp_folder()
         self.schemas_dir = f"{self.meta}/schemas"
         #: Called before every publish, commit record and removal: raises once this writer lost its lease.
         self.fence: Callable[[], None] = lambda: None
@@ -111,9 +115,16 @@ class OutputLedger:
     def rejects_file(self, range_id: str) -> str:
         return f"{self.rejects_dir}/part-{range_id}.parquet"
 
-    def tmp_file(self, range_id: str) -> str:
+    def tmp_folder(self, range_ids: list[str] | None = None) -> str:
+        """Where the writer of the whole output (None) or of one partition's ranges writes its files."""
+        if range_ids is None:
+            return f"{self.meta}/tmp"
+        return f"{self.meta}/tmp/{posixpath.basename(self.lease_folder(range_ids))}"
+
+    def tmp_file(self, label: str) -> str:
+        """A new file name in this writer's temporary folder (which is created)."""
         self.fs.makedirs(self.tmp_dir, exist_ok=True)
-        return f"{self.tmp_dir}/part-{range_id}.{uuid.uuid4().hex}.parquet"
+        return tmp_name(self.tmp_dir, label)
 
     def load_plan(self) -> PlanRecord | None:
         """The recorded plan; an output written by a newer, incompatible layout is refused."""
@@ -182,34 +193,54 @@ class OutputLedger:
     def commit(
         self,
         range_id: str,
-        tmp_path: str | None,
+        tmp_paths: list[str],
         rows: int,
-        rejects_tmp_path: str | None = None,
+        rejects_tmp_paths: list[str] = (),
         rejected: int = 0,
         engine_errors: int = 0,
     ) -> None:
-        """Publish a range's files (output, rejects) and write the one record that commits both.
+        """Publish a range's files (output, rejects) and write the one record that commits them all.
 
-        ``rows`` counts the output file's rows; ``rejected`` the rejects file's, of which
-        ``engine_errors`` failed in a model.
+        ``rows`` counts the rows of the output files; ``rejected`` those of the rejects files, of
+        which ``engine_errors`` failed in a model.
         """
-        files = []
         self.fence()
-        for tmp, final in ((tmp_path, self.data_file(range_id)), (rejects_tmp_path, self.rejects_file(range_id))):
-            if tmp is not None:
-                folder = posixpath.dirname(final)
-                ensure_folder(self.fs, folder)
-                fsync(self.fs, tmp)  # the content is on disk before it gets its final name
-                self.fs.mv(tmp, final)
-                fsync(self.fs, folder)  # and so is the name, before the record that names it
-                files.append(posixpath.relpath(final, self.root))
+        files = []
+        for tmps, final in ((tmp_paths, self.data_file(range_id)), (rejects_tmp_paths, self.rejects_file(range_id))):
+            if not tmps:
+                continue
+            folder = posixpath.dirname(final)
+            ensure_folder(self.fs, folder)
+            stem = final.removesuffix(".parquet")
+            for n, tmp in enumerate(tmps):
+                target = final if len(tmps) == 1 else f"{stem}.{n}.parquet"
+                try:
+                    fsync(self.fs, tmp)  # the content is on disk before it gets its final name
+                    self.fs.mv(tmp, target)
+                except FileNotFoundError as e:
+                    raise RayBatchError(
+                        f"range {range_id}: file {tmp} written by a Ray worker is not visible to the driver. "
+                        "On a cluster of several hosts the output must be on storage every host shares "
+                        "(s3://... or a shared mount), not on a host's local disk"
+                    ) from e
+                files.append(posixpath.relpath(target, self.root))
+            fsync(self.fs, folder)  # and so are the names, before the record that names them
         if files:
             crash_point("published")
         self.fence()
         record: dict[str, Any] = {"range_id": range_id, "files": files, "rows": rows}
         if rejected:  # only when there are rejects: records of outputs without any stay as they were
             record.update(rejected=rejected, engine_errors=engine_errors)
-        write_json(self.fs, f"{self.commits_dir}/{range_id}.json", record)
+        try:
+            write_json(self.fs, f"{self.commits_dir}/{range_id}.json", record)
+        except OSError as e:
+            for name in files:  # unpublished again, so that readers never see them (best effort)
+                with contextlib.suppress(OSError):
+                    self.fs.rm(f"{self.root}/{name}")
+            raise RayBatchError(
+                f"cannot commit range {range_id} of output {self.display_path!r}: {type(e).__name__}: {e}. "
+                "The ranges committed before it are kept; it is redone on a retry"
+            ) from e
 
     def remove_uncommitted(self, committed: dict[str, dict[str, Any]], range_ids: list[str] | None = None) -> list[str]:
         """Delete data and rejects files of ranges without a commit record, and abandoned temporary files.
@@ -225,12 +256,12 @@ class OutputLedger:
                     name = posixpath.basename(path.rstrip("/"))
                     if name.startswith("part-") and posixpath.relpath(path, self.root) not in keep:
                         stale.append(path)
-        if self.fs.isdir(self.tmp_dir):
-            stale += self.fs.ls(self.tmp_dir, detail=False)
         if range_ids is not None:
-            # part-<id>.parquet and tmp/part-<id>.<uuid>.parquet both start with "part-<id>.".
+            # part-<id>.parquet and part-<id>.<n>.parquet both start with "part-<id>.".
             prefixes = tuple(f"part-{range_id}." for range_id in range_ids)
             stale = [p for p in stale if posixpath.basename(p).startswith(prefixes)]
+        if self.fs.isdir(self.tmp_dir):  # this writer's own: a partition's writer leaves the others' alone
+            stale.append(self.tmp_dir)
         if stale:
             self.fence()
         for path in stale:
@@ -253,6 +284,11 @@ class OutputLedger:
             ]
         for path in doomed:
             self.fs.rm(path, recursive=True)
+
+
+def tmp_name(folder: str, label: str) -> str:
+    """A new, unique file name in ``folder`` (a temporary folder of the ledger)."""
+    return f"{folder}/part-{label}.{uuid.uuid4().hex}.parquet"
 
 
 def _is_part_file(name: str) -> bool:

@@ -89,6 +89,7 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
             f"columns read: {plan.schema.names}"
         )
     ledger = OutputLedger(out_fs, out_path, config.output_path)
+    ledger.tmp_dir = ledger.tmp_folder(config.range_ids)
     # Read-only checks first: a folder that is not ours, or an output of a newer layout, is refused
     # before the lease writes anything into it.
     if ledger.load_plan() is None:

@@ -1,8 +1,9 @@
 """Run a batch inference: prepare, skip committed ranges, stream the rest through Ray Data.
 
-Ray Data reads one task per pending range and runs each stage as an actor pool. This driver
-consumes the stream and hands each block's rows to the range writers (:mod:`.writers`), which
-commit a range as soon as all its rows have arrived.
+Ray Data reads one task per pending range, runs each stage as an actor pool, and writes each
+block's rows where they are (:func:`.writers.write_block`). This driver receives only the
+written files' metadata and commits a range (:class:`.writers.RangeCommits`) as soon as its
+files hold all its rows.
 """
 
 from __future__ import annotations
@@ -14,23 +15,14 @@ from typing import Any
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
-from airflow_provider_raybatch.pipeline.errors import StageError
 from airflow_provider_raybatch.pipeline.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
 from airflow_provider_raybatch.pipeline.resources import READ_CPUS, check_cluster_resources
-from airflow_provider_raybatch.pipeline.stages import (
-    INTERNAL_PREFIX,
-    RANGE_COLUMN,
-    StageWorker,
-    output_columns,
-    resolve_predictor,
-    split_by_range,
-    split_rejected,
-)
+from airflow_provider_raybatch.pipeline.stages import StageWorker, resolve_predictor
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 from airflow_provider_raybatch.pipeline.watchdog import Watchdog
-from airflow_provider_raybatch.pipeline.writers import RangeWriters
+from airflow_provider_raybatch.pipeline.writers import WRITE_CPUS, RangeCommits, write_block
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +62,10 @@ def _process(
     """Commit every pending range of ``run``: empty ones at once, the others through Ray Data."""
     plan = run.plan
     progress = Progress(plan, run.committed)
-    writers = RangeWriters(run.ledger, plan, progress, config)
+    commits = RangeCommits(run.ledger, plan, progress, config)
     pending = [i for i, r in enumerate(plan.ranges) if r.id not in run.committed]
     for index in [i for i in pending if plan.ranges[i].rows == 0]:
-        writers.commit_empty(index, run.keep)
+        commits.commit_empty(index, run.keep)
     pending = [i for i in pending if plan.ranges[i].rows > 0]
     if not pending:
         return progress
@@ -89,14 +81,14 @@ def _process(
         # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
         transforms = {i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)}
         check_cluster_resources([(s.display_name, s) for s in config.stages])
-        _stream(config, plan, writers, pending, run.keep, run.in_fs, transforms)
+        _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms)
     return progress
 
 
 def _stream(
     config: BatchInferenceConfig,
     plan: Plan,
-    writers: RangeWriters,
+    commits: RangeCommits,
     pending: list[int],
     keep: list[str],
     in_fs: AbstractFileSystem,
@@ -127,18 +119,22 @@ def _stream(
             udf_modifying_row_count=False,
             **stage.map_batches_kwargs(),
         )
-    try:
-        with Watchdog(config.progress_timeout, writers.progress, config.stages, ds) as watchdog:
-            for block in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+    ds = ds.map_batches(
+        write_block,
+        fn_kwargs=commits.write_step_kwargs(),
+        batch_format="pyarrow",
+        zero_copy_batch=True,
+        batch_size=None,
+        num_cpus=WRITE_CPUS,
+    )
+    with Watchdog(config.progress_timeout, commits.progress, config.stages, ds) as watchdog:
+        try:
+            for metadata in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
                 watchdog.beat()
-                if block.num_rows and RANGE_COLUMN not in block.column_names:
-                    raise StageError(
-                        f"a transform stage dropped the internal columns (got {block.column_names}); "
-                        f"its output must carry every column starting with {INTERNAL_PREFIX!r}"
-                    )
-                for index, rows in split_by_range(block):
-                    accepted, rejected = split_rejected(rows)
-                    writers.write(index, output_columns(accepted), rejected)
-            writers.check_done()
-    finally:
-        writers.abort()
+                commits.add(metadata)
+            commits.check_done()
+        except Exception:
+            # Files the write step finished before the failure are committed, so a retry need
+            # not redo their ranges.
+            commits.salvage()
+            raise

@@ -237,6 +237,8 @@ def _labels(operators: list[Any], stages: list[Stage]) -> list[str]:
             name = f"stage {stages[index].display_name!r}"
         elif "Read" in getattr(logical, "name", ""):
             name = "reading the input"
+        elif "write_block" in getattr(logical, "name", ""):
+            name = "writing the range files"
         else:
             before = max((i for _, _, i in steps[:k] if i is not None), default=-1)
             after = min((i for _, _, i in steps[k + 1 :] if i is not None), default=len(stages))

@@ -1,126 +1,336 @@
-"""Range files written on the driver: one Parquet file per range (and one of its rejects), committed whole.
+"""Range files: written on the Ray workers that hold the rows, committed by the driver.
 
-The driver receives the stream of blocks in any order; rows of a range are buffered into row
-groups of at least ``ROW_GROUP_ROWS`` rows and the range is committed (through the ledger) as
-soon as its last row has arrived, so a crash loses at most the ranges in flight.
+A write step after the last stage (:func:`write_block`) writes each block's rows of each range
+to a Parquet file in the writer's temporary folder (and its rejected rows to another), and
+returns one small metadata row per file. The driver (:class:`RangeCommits`) receives only that
+metadata; it commits a range through the ledger, which publishes the files under their final
+names, as soon as the files hold all the range's rows. Rows do not pass through the driver.
+
+A range normally arrives in one block, so it gets one file; one that arrives in several blocks
+gets one file per block, and its ids are checked as a key across them by reading back only the
+id column.
+
+Each write step also leaves its metadata beside its files (a receipt). When the stream fails
+(a stage raised on another range), the metadata in flight is lost with it, but the files are
+there: the driver reads the receipts it has not seen and commits the ranges they complete
+(:meth:`RangeCommits.salvage`), so a retry redoes only what was really unfinished.
 """
 
 from __future__ import annotations
 
+import logging
+import posixpath
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+from uuid import uuid4
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, RayBatchError, RowKeyError, StageError
 from airflow_provider_raybatch.pipeline.faults import crash_point
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger, tmp_name
 from airflow_provider_raybatch.pipeline.planner import Plan, RowRange
-from airflow_provider_raybatch.pipeline.schemas import batch_mismatch, promotion_needed, schema_mismatch
-from airflow_provider_raybatch.pipeline.stages import ENGINE_ERROR, KEEP_PREFIX, rejects_table
+from airflow_provider_raybatch.pipeline.schemas import promotion_needed, schema_mismatch
+from airflow_provider_raybatch.pipeline.stages import (
+    ENGINE_ERROR,
+    INTERNAL_PREFIX,
+    KEEP_PREFIX,
+    RANGE_COLUMN,
+    output_columns,
+    rejects_table,
+    split_by_range,
+    split_rejected,
+)
+from airflow_provider_raybatch.pipeline.storage import is_local
 from airflow_provider_raybatch.pipeline.summary import Progress
 
-#: Rows buffered per output row group: small Ray blocks must not become tiny row groups.
-ROW_GROUP_ROWS = 65_536
+log = logging.getLogger(__name__)
+
+#: CPUs a write step reserves: it mostly encodes and waits on storage, and must not queue behind
+#: the stages' replicas for a whole CPU.
+WRITE_CPUS = 0.25
+OUTPUT, REJECTS = "output", "rejects"
+#: A write step's receipt in the temporary folder: ``block-<block id>`` + this.
+RECEIPT_SUFFIX = ".metadata.arrow"
+
+#: What a write step returns for each file it wrote: the only thing the driver receives.
+FILE_METADATA = pa.schema(
+    [
+        ("range", pa.int32()),  # index of the range in the plan
+        ("block", pa.string()),  # the block the rows came in (a range's files: one per block)
+        ("kind", pa.string()),  # OUTPUT or REJECTS
+        ("path", pa.string()),  # in the writer's temporary folder
+        ("rows", pa.int64()),
+        ("bytes", pa.int64()),
+        ("schema", pa.binary()),  # the file's Arrow schema, serialized
+        ("engine_errors", pa.int64()),  # rejects that failed in a model
+        ("problem", pa.string()),  # why the rows' ids are not a key (None: they are)
+    ]
+)
+
+
+def write_block(
+    block: pa.Table,
+    *,
+    fs: AbstractFileSystem,
+    folder: str,
+    output_path: str,
+    stage: str,
+    id_column: str | None,
+    key_type: pa.DataType | None,
+) -> pa.Table:
+    """Write ``block``'s rows to one file per range (and one of its rejects); return their metadata.
+
+    Runs as a Ray Data task after the last stage. Rows whose ids are not a key are still written
+    (to the temporary folder only): the driver names the range and refuses to commit it.
+
+    :param folder: the writer's temporary folder in the output.
+    :param output_path: the output, as the user gave it (named in errors).
+    :param stage: the last stage's name (named in errors).
+    :param id_column: the row key column, None when the pipeline derives row ids.
+    :param key_type: the input's type of ``id_column``.
+    """
+    if block.num_rows and RANGE_COLUMN not in block.column_names:
+        raise StageError(
+            f"a transform stage dropped the internal columns (got {block.column_names}); "
+            f"its output must carry every column starting with {INTERNAL_PREFIX!r}"
+        )
+    block_id = uuid4().hex
+    rows: list[dict[str, Any]] = []
+    for index, piece in split_by_range(block) if block.num_rows else ():
+        accepted, rejected = split_rejected(piece)
+        output = output_columns(accepted)
+        rejects = rejects_table(rejected) if rejected.num_rows else None
+        problem = None
+        if id_column is not None:
+            problem = id_type_problem(output, stage, id_column, key_type)
+            if problem is None:
+                # What is written: a stage's own id column wins over the kept input column in the output.
+                ids = [output.column(id_column)] if output.num_rows else []
+                if rejected.num_rows:
+                    ids.append(rejected.column(KEEP_PREFIX + id_column))
+                problem = key_problem([c.cast(key_type) for c in ids], id_column)
+        for kind, table in ((OUTPUT, output), (REJECTS, rejects)):
+            if table is None or not table.num_rows:
+                continue
+            path = tmp_name(folder, str(index))
+            try:
+                with fs.open(path, "wb") as f:
+                    pq.write_table(table, f)
+                    size = f.tell()
+            except OSError as e:
+                raise RayBatchError(
+                    f"cannot write rows of range #{index} of the plan to output {output_path!r} ({path}): "
+                    f"{type(e).__name__}: {e}. The committed ranges are kept; the range is redone on a retry"
+                ) from e
+            engine_errors = 0
+            if kind == REJECTS:
+                engine_errors = int(pc.sum(pc.equal(table.column("kind"), ENGINE_ERROR)).as_py() or 0)
+            rows.append(
+                {
+                    "range": index,
+                    "block": block_id,
+                    "kind": kind,
+                    "path": path,
+                    "rows": table.num_rows,
+                    "bytes": size,
+                    "schema": table.schema.remove_metadata().serialize().to_pybytes(),
+                    "engine_errors": engine_errors,
+                    "problem": problem,
+                }
+            )
+    metadata = pa.Table.from_pylist(rows, schema=FILE_METADATA)
+    if rows:
+        _leave_receipt(fs, f"{folder}/block-{block_id}{RECEIPT_SUFFIX}", metadata)
+    return metadata
+
+
+def _leave_receipt(fs: AbstractFileSystem, path: str, metadata: pa.Table) -> None:
+    """Write ``metadata`` to ``path`` so that a reader sees it whole or not at all."""
+    target = f"{path}.partial" if is_local(fs) else path  # an object store's upload appears whole
+    with fs.open(target, "wb") as f, pa.ipc.new_file(f, metadata.schema) as writer:
+        writer.write_table(metadata)
+    if target != path:
+        fs.mv(target, path)
+
+
+def id_type_problem(table: pa.Table, stage: str, id_column: str, key_type: pa.DataType) -> str | None:
+    """Why a stage's output does not carry the input's row key unchanged (None when it does)."""
+    if not table.num_rows:
+        return None
+    column = table.column(id_column) if id_column in table.column_names else None
+    if column is not None and (column.type == key_type or pa.types.is_null(column.type)):
+        return None
+    found = "no such column" if column is None else f"type {column.type}"
+    if column is not None and pa.types.is_floating(column.type):
+        found += f" ({column.null_count + int(pc.sum(pc.is_nan(column)).as_py() or 0)} of them null or NaN)"
+    return (
+        f"stage {stage!r} returned id_column {id_column!r} with {found} where the input's is {key_type}: "
+        "a stage must not change the row key (a predictor that echoes its batch turns null ids into NaN)"
+    )
+
+
+def key_problem(ids: list[pa.ChunkedArray], id_column: str) -> str | None:
+    """Why ids of one range (output and rejects together) are not a key: nulls or repeats (None: they are)."""
+    if not ids:
+        return None
+    chunks = [c for column in ids for c in column.chunks]
+    values = pa.chunked_array(chunks, type=ids[0].type)
+    if values.null_count:
+        return f"id_column {id_column!r} holds {values.null_count} null(s): the row key must be set on every row"
+    counts = pc.value_counts(values)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        example = repeated.field("values")[0].as_py()
+        return (
+            f"id_column {id_column!r} holds {len(repeated)} duplicated id(s), e.g. {example!r}: "
+            "the row key must be unique"
+        )
+    return None
 
 
 @dataclass
-class _OpenRange:
-    path: str | None = None
-    file: Any = None
-    writer: pq.ParquetWriter | None = None
-    buffered: list[pa.Table] = field(default_factory=list)
-    buffered_rows: int = 0
+class _Arrived:
+    """The files of one range received so far."""
+
+    files: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {OUTPUT: [], REJECTS: []})
+    blocks: set[str] = field(default_factory=set)
     rows: int = 0
-    rejects: list[pa.Table] = field(default_factory=list)
     rejected: int = 0
-    schema: pa.Schema | None = None  # of the range's first rows: later ones must fit it
-    ids: list[pa.ChunkedArray] = field(default_factory=list)  # id_column values, output and rejects
+    engine_errors: int = 0
 
 
-class RangeWriters:
-    """The ranges being written; each is committed when its last row arrives."""
+class RangeCommits:
+    """Collects the write steps' metadata; commits each range when its files hold all its rows."""
 
     def __init__(self, ledger: OutputLedger, plan: Plan, progress: Progress, config: BatchInferenceConfig):
         self.ledger, self.plan, self.progress, self.config = ledger, plan, progress, config
-        self.open: dict[int, _OpenRange] = {}
+        self.arrived: dict[int, _Arrived] = defaultdict(_Arrived)
+        self.blocks_seen: set[str] = set()
         self.schemas: dict[str, pa.Schema] = {}  # kind -> recorded schema, once read or recorded
         self.stage = config.stages[-1].display_name
+        #: Bytes of the files written (data and rejects), and of the metadata received for them.
+        self.file_bytes = self.metadata_bytes = 0
 
-    def write(self, index: int, table: pa.Table, rejected: pa.Table) -> None:
-        """Add rows of range ``index``: ``table`` to its output, ``rejected`` to its rejects."""
-        row_range = self.plan.ranges[index]
-        current = self.open.setdefault(index, _OpenRange())
-        if table.num_rows:
-            if current.schema is None:
-                current.schema = table.schema
-            elif problem := batch_mismatch(current.schema, table.schema):
-                raise OutputSchemaError(
-                    f"stage {self.stage!r} returned batches of different schemas for range {row_range.id}: {problem}"
+    def write_step_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`write_block` for this output."""
+        id_column = self.config.id_column
+        self.ledger.fs.makedirs(self.ledger.tmp_dir, exist_ok=True)
+        return {
+            "fs": self.ledger.fs,
+            "folder": self.ledger.tmp_dir,
+            "output_path": self.config.output_path,
+            "stage": self.stage,
+            "id_column": id_column,
+            "key_type": None if id_column is None else self.plan.schema.field(id_column).type,
+        }
+
+    def add(self, metadata: pa.Table) -> None:
+        """Take in the metadata of files written; commit the ranges they complete."""
+        self.metadata_bytes += metadata.nbytes
+        for file in metadata.to_pylist():
+            index = file["range"]
+            row_range = self.plan.ranges[index]
+            if file["problem"]:
+                raise RowKeyError(
+                    f"{file['problem']}. Found in range {row_range.id} (rows {row_range.start}-{row_range.end} of "
+                    f"{self._source(row_range)!r}); nothing of the range is committed"
                 )
-            if self.config.id_column is not None:
-                current.ids.append(self._ids(table, self.config.id_column, row_range))
-            if current.file is None:
-                current.path = self.ledger.tmp_file(row_range.id)
-                current.file = self.ledger.fs.open(current.path, "wb")
-            current.buffered.append(table)
-            current.buffered_rows += table.num_rows
-            current.rows += table.num_rows
-        if rejected.num_rows:
-            if self.config.id_column is not None:
-                current.ids.append(rejected.column(KEEP_PREFIX + self.config.id_column))
-            current.rejects.append(rejects_table(rejected))  # rejects are few: kept in memory until commit
-            current.rejected += rejected.num_rows
-        received = current.rows + current.rejected
-        if received > row_range.rows:
-            raise RayBatchError(f"range {row_range.id} received {received} rows but holds {row_range.rows}")
-        if received == row_range.rows:
-            self._commit(index, current)
-        elif current.buffered_rows >= ROW_GROUP_ROWS:
-            self._flush(current)
+            self.blocks_seen.add(file["block"])
+            arrived = self.arrived[index]
+            arrived.files[file["kind"]].append(file)
+            arrived.blocks.add(file["block"])
+            if file["kind"] == OUTPUT:
+                arrived.rows += file["rows"]
+            else:
+                arrived.rejected += file["rows"]
+                arrived.engine_errors += file["engine_errors"]
+            self.file_bytes += file["bytes"]
+            received = arrived.rows + arrived.rejected
+            if received > row_range.rows:
+                raise RayBatchError(f"range {row_range.id} received {received} rows but holds {row_range.rows}")
+            if received == row_range.rows:
+                self._commit(index, self.arrived.pop(index))
 
     def commit_empty(self, index: int, keep: list[str]) -> None:
         """Commit a range without rows (an empty input file)."""
         row_range = self.plan.ranges[index]
-        tmp = None
+        files = []
         if self.plan.input_rows == 0 and row_range.file_index == 0:
             # An output with no rows still gets one (empty) file so that any Parquet reader opens it.
             fields = [pa.field(ROW_ID_COLUMN, pa.int64())] if self.config.id_column is None else []
             schema = pa.schema(fields + [self.plan.schema.field(c) for c in keep])
-            tmp = self.ledger.tmp_file(row_range.id)
-            with self.ledger.fs.open(tmp, "wb") as f:
+            files.append(self.ledger.tmp_file(row_range.id))
+            with self.ledger.fs.open(files[0], "wb") as f:
                 pq.write_table(schema.empty_table(), f)
-        self.ledger.commit(row_range.id, tmp, 0)
+        self.ledger.commit(row_range.id, files, 0)
         self.progress.committed(index)
 
-    def _commit(self, index: int, current: _OpenRange) -> None:
+    def salvage(self) -> None:
+        """After the stream failed: commit the ranges completed by files whose metadata never arrived.
+
+        Never raises: the stream's own error is the one to report.
+        """
+        fs, folder = self.ledger.fs, self.ledger.tmp_dir
+        committed = self.progress.done
+        try:
+            fs.invalidate_cache(folder)
+            for path in sorted(fs.ls(folder, detail=False)):
+                name = posixpath.basename(path)
+                if not name.endswith(RECEIPT_SUFFIX) or name[len("block-") : -len(RECEIPT_SUFFIX)] in self.blocks_seen:
+                    continue
+                with fs.open(path, "rb") as f:
+                    self.add(pa.ipc.open_file(f).read_all())
+        except Exception as e:  # noqa: BLE001 - the run is failing already; its retry redoes the rest
+            log.warning("Could not commit every range written before the failure: %s", e)
+        if self.progress.done > committed:
+            log.info("Committed %d range(s) written before the failure", self.progress.done - committed)
+
+    def check_done(self) -> None:
+        """After the stream: every range it carried must have been committed."""
+        if self.arrived:
+            short = [self.plan.ranges[i].id for i in self.arrived]
+            raise RayBatchError(f"the stream ended before ranges {short} were complete")
+
+    def _commit(self, index: int, arrived: _Arrived) -> None:
         row_range = self.plan.ranges[index]
-        if self.config.id_column is not None:
-            self._check_ids(current, row_range)
-        if current.file is not None:
-            if current.buffered:
-                self._flush(current)
-            current.writer.close()
-            current.file.close()
-            current.path = self._conform(current.path, current.writer.schema, "output", row_range)
-        rejects_path, errors = None, 0
-        if current.rejects:
-            rejects = pa.concat_tables(current.rejects, promote_options="permissive")
-            recorded = self._recorded("rejects", rejects.schema, row_range)
-            if promotion_needed(recorded, rejects.schema):
-                rejects = rejects.cast(recorded)
-            errors = int(pc.sum(pc.equal(rejects.column("kind"), ENGINE_ERROR)).as_py() or 0)
-            rejects_path = self.ledger.tmp_file(f"rejects-{row_range.id}")
-            with self.ledger.fs.open(rejects_path, "wb") as f:
-                pq.write_table(rejects, f)
-        del self.open[index]
-        self.ledger.commit(row_range.id, current.path, current.rows, rejects_path, current.rejected, errors)
+        if self.config.id_column is not None and len(arrived.blocks) > 1:
+            self._check_key_across_blocks(arrived, row_range)
+        paths = {
+            kind: [
+                self._conform(f["path"], pa.ipc.read_schema(pa.py_buffer(f["schema"])), kind, row_range) for f in files
+            ]
+            for kind, files in arrived.files.items()
+        }
+        self.ledger.commit(
+            row_range.id, paths[OUTPUT], arrived.rows, paths[REJECTS], arrived.rejected, arrived.engine_errors
+        )
         crash_point("committed")
-        self.progress.committed(index, current.rows, current.rejected, errors)
+        self.progress.committed(index, arrived.rows, arrived.rejected, arrived.engine_errors)
         self.progress.check_errors(self.config.max_error_fraction, self.config.output_path, final=False)
+
+    def _check_key_across_blocks(self, arrived: _Arrived, row_range: RowRange) -> None:
+        """A range's ids are a key across its blocks' files (each block's were checked where it was written)."""
+        id_column = self.config.id_column
+        key_type = self.plan.schema.field(id_column).type
+        ids = []
+        for files in arrived.files.values():
+            for file in files:
+                with self.ledger.fs.open(file["path"], "rb") as f:
+                    ids.append(pq.read_table(f, columns=[id_column]).column(id_column).cast(key_type))
+        if problem := key_problem(ids, id_column):
+            raise RowKeyError(
+                f"{problem}. Found in range {row_range.id} (rows {row_range.start}-{row_range.end} of "
+                f"{self._source(row_range)!r}); nothing of the range is committed"
+            )
+
+    def _source(self, row_range: RowRange) -> str:
+        return self.plan.files[row_range.file_index].path
 
     def _recorded(self, kind: str, schema: pa.Schema, row_range: RowRange) -> pa.Schema:
         """The output's recorded schema of ``kind`` (recording ``schema`` if none is), checked against ``schema``."""
@@ -128,7 +338,7 @@ class RangeWriters:
             self.schemas[kind] = self.ledger.recorded_schema(kind) or self.ledger.record_schema(kind, schema)
         recorded = self.schemas[kind]
         if problem := schema_mismatch(recorded, schema):
-            what = f"stage {self.stage!r}" if kind == "output" else "the rejects of stage " + repr(self.stage)
+            what = f"stage {self.stage!r}" if kind == OUTPUT else "the rejects of stage " + repr(self.stage)
             raise OutputSchemaError(
                 f"{what} returned range {row_range.id} with a schema other than the one the output's committed "
                 f"ranges have ({self.ledger.display_path}): {problem}. Nothing of the range is committed; a stage "
@@ -137,7 +347,11 @@ class RangeWriters:
         return recorded
 
     def _conform(self, path: str, schema: pa.Schema, kind: str, row_range: RowRange) -> str:
-        """Check a written range file against the recorded schema; rewrite it if it needs a promotion."""
+        """Check a written file against the recorded schema; rewrite it if it needs a promotion.
+
+        The promotion (a column of type null in this file) is rare; only then does the driver
+        read the file's rows.
+        """
         recorded = self._recorded(kind, schema, row_range)
         if not promotion_needed(recorded, schema):
             return path
@@ -148,74 +362,3 @@ class RangeWriters:
             pq.write_table(table, f)
         self.ledger.fs.rm(path)
         return promoted
-
-    def _ids(self, table: pa.Table, id_column: str, row_range: RowRange) -> pa.ChunkedArray:
-        expected = self.plan.schema.field(id_column).type
-        column = table.column(id_column) if id_column in table.column_names else None
-        if column is None or (column.type != expected and not pa.types.is_null(column.type)):
-            found = "no such column" if column is None else f"type {column.type}"
-            nulls = ""
-            if column is not None and pa.types.is_floating(column.type):
-                nulls = f", {column.null_count + int(pc.sum(pc.is_nan(column)).as_py() or 0)} of them null or NaN"
-            raise RowKeyError(
-                f"stage {self.stage!r} returned id_column {id_column!r} with {found} for range {row_range.id} "
-                f"(of {self.plan.files[row_range.file_index].path!r}){nulls}, where the input's is {expected}: "
-                "a stage must not change the row key (a predictor that echoes its batch turns null ids into NaN); "
-                "nothing of the range is committed"
-            )
-        return column
-
-    def _check_ids(self, current: _OpenRange, row_range: RowRange) -> None:
-        """The range's ids (output and rejects together) are a key: none null, none twice."""
-        if not current.ids:
-            return
-        key_type = self.plan.schema.field(self.config.id_column).type
-        ids = pa.chunked_array([c.cast(key_type) for i in current.ids for c in i.chunks], type=key_type)
-        source = self.plan.files[row_range.file_index].path
-        if ids.null_count:
-            raise RowKeyError(
-                f"id_column {self.config.id_column!r} holds {ids.null_count} null(s) in rows {row_range.start}-"
-                f"{row_range.end} of {source!r} (range {row_range.id}): the id column is the row key and must be set "
-                "on every row; nothing of the range is committed"
-            )
-        counts = pc.value_counts(ids)
-        repeated = counts.filter(pc.greater(counts.field("counts"), 1))
-        if len(repeated):
-            example = repeated.field("values")[0].as_py()
-            raise RowKeyError(
-                f"id_column {self.config.id_column!r} holds {len(repeated)} duplicated id(s) in range {row_range.id} "
-                f"(rows {row_range.start}-{row_range.end} of {source!r}), e.g. {example!r}: the id column is the "
-                "row key and must be unique; nothing of the range is committed"
-            )
-
-    def _flush(self, current: _OpenRange) -> None:
-        try:
-            table = pa.concat_tables(current.buffered, promote_options="permissive")
-        except pa.ArrowInvalid as e:
-            raise StageError(f"the stages returned batches with incompatible schemas: {e}") from e
-        if current.writer is None:
-            current.writer = pq.ParquetWriter(current.file, table.schema)
-        elif table.schema != current.writer.schema:
-            try:
-                table = table.cast(current.writer.schema)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
-                raise StageError(f"the stages returned batches with incompatible schemas: {e}") from e
-        current.writer.write_table(table, row_group_size=max(table.num_rows, 1))
-        current.buffered, current.buffered_rows = [], 0
-
-    def check_done(self) -> None:
-        """After the stream: every range it carried must have been committed."""
-        if self.open:
-            short = [self.plan.ranges[i].id for i in self.open]
-            raise RayBatchError(f"the stream ended before ranges {short} were complete")
-
-    def abort(self) -> None:
-        """Close what is open; the files are left for the next run's cleanup."""
-        for current in self.open.values():
-            for closeable in (current.writer, current.file):
-                try:
-                    if closeable is not None:
-                        closeable.close()
-                except Exception:  # noqa: BLE001 - already failing; the next run removes the file
-                    pass
-        self.open.clear()

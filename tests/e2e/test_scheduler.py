@@ -208,13 +208,14 @@ def test_a_killed_first_try_is_retried_by_airflow_and_resumes(airflow):
 
     summary = airflow.summary("e2e_retry")  # the second try's
     assert summary["ranges_total"] == 3 and summary["ranges_skipped"] == 1 and summary["ranges_done"] == 2
-    assert summary["rows_processed"] == rows - 200 and summary["rows_out"] == rows
+    # The range committed by try 1 is whichever was written first: 200 rows, or the last one's 197.
+    assert rows - summary["rows_processed"] in (200, rows - 400) and summary["rows_out"] == rows
     assert_output_sound(airflow.data / "output" / "2026-11-02", range(rows))
 
     first, second = airflow.task_log("e2e_retry", 1), airflow.task_log("e2e_retry", 2)
     # Try 1 was killed right after committing its first range, before logging it.
     assert "3 of 3 ranges to process (597 rows); 0 already committed" in first and "SIGKILL" in first
-    assert "2 of 3 ranges to process (397 rows); 1 already committed" in second
+    assert f"2 of 3 ranges to process ({summary['rows_processed']} rows); 1 already committed" in second
     assert "Committed 3/3 ranges, 597/597 rows, " in second and "s left" in second
     assert "\u2588" not in second  # no progress bars in task logs
 

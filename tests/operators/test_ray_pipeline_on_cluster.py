@@ -146,7 +146,7 @@ def test_a_failed_job_is_resubmitted_under_a_new_id_and_resumes(tmp_path, cluste
         output_path=str(tmp_path / "out"),
         rows_per_range=100,
         predictor="tests.predictors:FailWhileMarked",
-        predictor_kwargs={"marker": str(marker), "fail_from_id": 300},
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 300, "output": str(tmp_path / "out")},
         batch_size=100,
     )
     assert run_dag(dag, LOGICAL_DATE).get_task_instance("score").state == "failed"

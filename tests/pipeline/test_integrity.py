@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import (
     InputChangedError,
     InputError,
+    NotRetryableError,
     OutputSchemaError,
     RowKeyError,
 )
@@ -160,7 +162,9 @@ def test_null_ids_in_the_input_are_refused_at_planning_from_the_footer(tmp_path)
 def test_null_ids_without_statistics_are_refused_before_their_range_commits(tmp_path):
     (tmp_path / "in").mkdir()
     write_with_null_ids(tmp_path / "in" / "part-0.parquet", 300, [150, 170], write_statistics=False)
-    with pytest.raises(RowKeyError, match=r"holds 2 null\(s\) in rows 100-200 of '.*part-0.parquet'"):
+    with pytest.raises(
+        RowKeyError, match=r"holds 2 null\(s\).*Found in range \S+ \(rows 100-200 of '.*part-0.parquet'\)"
+    ):
         run_batch_inference(config(tmp_path, batch_size=100))
     only_uncommitted_faults(tmp_path / "out")
 
@@ -171,7 +175,7 @@ def test_null_ids_echoed_by_a_predictor_as_nan_are_refused_before_commit(tmp_pat
     cfg = config(tmp_path, "tests.predictors:add_bias", predictor_kwargs={"bias": 1.0}, batch_size=100)
     with pytest.raises(
         RowKeyError,
-        match=r"returned id_column 'id' with type double .*, 1 of them null or NaN, where the input's is int64",
+        match=r"returned id_column 'id' with type double \(1 of them null or NaN\) where the input's is int64",
     ):
         run_batch_inference(cfg)
     only_uncommitted_faults(tmp_path / "out")
@@ -184,7 +188,7 @@ def test_duplicate_ids_within_a_range_are_refused_and_across_ranges_the_verifier
     ids = list(range(200))
     ids[120] = 110
     pq.write_table(table.set_column(0, "id", pa.array(ids)), tmp_path / "in" / "part-0.parquet", row_group_size=100)
-    with pytest.raises(RowKeyError, match=r"1 duplicated id\(s\) in range \S+-100-200 .*e\.g\. 110"):
+    with pytest.raises(RowKeyError, match=r"1 duplicated id\(s\), e\.g\. 110.*Found in range \S+-100-200"):
         run_batch_inference(config(tmp_path, batch_size=100))
     only_uncommitted_faults(tmp_path / "out")
 
@@ -215,7 +219,7 @@ def test_a_same_size_same_footer_rewrite_is_refused_on_resume(tmp_path):
     cfg = config(
         tmp_path,
         "tests.predictors:FailWhileMarked",
-        predictor_kwargs={"marker": str(marker), "fail_from_id": 600},
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 600, "output": str(tmp_path / "out")},
         batch_size=100,
     )
     with pytest.raises(Exception, match="injected failure"):
@@ -241,7 +245,7 @@ def test_a_plan_recorded_without_the_new_fields_still_resumes(tmp_path):
     cfg = config(
         tmp_path,
         "tests.predictors:FailWhileMarked",
-        predictor_kwargs={"marker": str(marker), "fail_from_id": 600},
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 600, "output": str(tmp_path / "out")},
         batch_size=100,
     )
     with pytest.raises(Exception, match="injected failure"):
@@ -302,3 +306,36 @@ def test_a_corrupt_data_page_fails_without_retry_naming_the_file_and_row_group(t
     assert verify_output(str(tmp_path / "out")) != []  # the output is not complete: that range is missing
     committed = [p.name for p in (tmp_path / "out" / "_raybatch" / "commits").glob("*.json")]
     assert all("-100-200" not in name for name in committed)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB filesystem of its own (tmpfs), for an output that cannot fit on it."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_names_the_output_and_the_range_and_keeps_what_was_committed(tmp_path, small_disk):
+    write_input(tmp_path / "in", [60_000], row_group_size=6_000)
+    output = small_disk / "out"
+    cfg = config(tmp_path, output_path=str(output), rows_per_range=6_000)
+    with pytest.raises(
+        Exception,
+        match=rf"(cannot write rows of range #\d+ of the plan|cannot commit range \S+) "
+        rf"(to|of) output '{output}'.*No space left on device",
+    ) as failure:
+        run_batch_inference(cfg)
+    assert not isinstance(failure.value, NotRetryableError)  # space may be freed before the retry
+    # What was committed before the disk filled stays readable, each row once.
+    committed = OutputLedger.open(str(output)).committed()
+    assert 0 < len(committed) < 10
+    faults = verify_output(str(output))
+    assert faults and all(re.match(r"\d+ planned range\(s\) not committed", f) for f in faults), faults
+    ids = read_output(output)["id"].to_pylist()
+    assert len(ids) == len(set(ids)) == sum(r["rows"] for r in committed.values())
+    assert set(ids) <= set(range(60_000))

@@ -92,7 +92,7 @@ def test_failed_first_try_resumes_from_committed_ranges(tmp_path):
     cfg = config(
         tmp_path,
         predictor="tests.predictors:FailWhileMarked",
-        predictor_kwargs={"marker": str(marker), "fail_from_id": 600},
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 600, "output": str(tmp_path / "out")},
         batch_size=100,
     )
     with pytest.raises(Exception, match="injected failure"):

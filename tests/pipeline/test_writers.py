@@ -1,0 +1,68 @@
+"""The write step and the commits it feeds, driven without Ray Data: receipts, salvage, the driver's share."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.prepare import prepare
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.stages import read_range
+from airflow_provider_raybatch.pipeline.summary import Progress
+from airflow_provider_raybatch.pipeline.writers import RECEIPT_SUFFIX, RangeCommits, write_block
+from tests.data import assert_exactly_once, assert_output_sound, read_output, write_input
+from tests.pipeline.test_runner import config
+
+
+def scored_block(run, index: int) -> pa.Table:
+    """Range ``index`` as the last stage hands it to the write step: its rows with a score."""
+    row_range = run.plan.ranges[index]
+    file = run.plan.files[row_range.file_index]
+    (table,) = read_range(run.in_fs, file, row_range, index, run.plan.schema.names, run.keep, derive_row_id=False)
+    return table.append_column("score", pa.array([float(i) for i in range(table.num_rows)], pa.float32()))
+
+
+@pytest.fixture
+def prepared(tmp_path):
+    write_input(tmp_path / "in", [300])  # 3 ranges of 100 rows
+    cfg = config(tmp_path)
+    run = prepare(cfg)
+    yield cfg, run
+    run.release()
+
+
+def test_a_block_is_written_to_the_temporary_folder_and_only_its_metadata_returned(prepared):
+    cfg, run = prepared
+    commits = RangeCommits(run.ledger, run.plan, Progress(run.plan, run.committed), cfg)
+    block = scored_block(run, 1)
+    metadata = write_block(block, **commits.write_step_kwargs())
+    (file,) = metadata.to_pylist()
+    assert file["range"] == 1 and file["kind"] == "output" and file["rows"] == 100 and file["problem"] is None
+    assert file["path"].startswith(run.ledger.tmp_dir + "/")
+    assert metadata.nbytes < block.nbytes / 10  # what the driver receives: no rows
+    receipts = [p for p in run.ledger.fs.ls(run.ledger.tmp_dir) if p.endswith(RECEIPT_SUFFIX)]
+    assert len(receipts) == 1 and file["block"] in receipts[0]
+
+    commits.add(metadata)
+    assert list(OutputLedger.open(cfg.output_path).committed()) == [run.plan.ranges[1].id]
+
+
+def test_ranges_written_before_the_stream_failed_are_committed_from_their_receipts(prepared):
+    cfg, run = prepared
+    commits = RangeCommits(run.ledger, run.plan, Progress(run.plan, run.committed), cfg)
+    kwargs = commits.write_step_kwargs()
+    # Range 1's metadata reached the driver; ranges 0 and 2 were written, but the stream failed
+    # before their metadata arrived.
+    commits.add(write_block(scored_block(run, 1), **kwargs))
+    for index in (0, 2):
+        write_block(scored_block(run, index), **kwargs)
+    commits.salvage()
+    run.release()
+    assert sorted(OutputLedger.open(cfg.output_path).committed()) == sorted(r.id for r in run.plan.ranges)
+    assert_exactly_once(read_output(cfg.output_path), range(300))
+
+    # The ledger is consistent: a rerun finds everything committed, and the verifier agrees.
+    summary = run_batch_inference(cfg)
+    assert summary.ranges_skipped == 3 and summary.rows_processed == 0
+    assert_output_sound(cfg.output_path, range(300))
