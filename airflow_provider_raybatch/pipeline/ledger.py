@@ -13,7 +13,7 @@ Layout of an output folder::
                                      (a partition's writer has its own subfolder)
     _raybatch/lease/                 the writer lease of the whole output (see :mod:`.lease`)
     _raybatch/leases/<partition>/    the writer lease of one partition's ranges
-    _raybatch/jobs/<submission id>.json  summary of a run submitted as a Ray Job
+    _raybatch/jobs/<submission id>.json  result of a Ray Job: a run's summary, or the planned partitions
 
 A range is committed by (1) writing its files under ``_raybatch/tmp/`` (on the Ray workers that
 computed its rows), (2) moving them to their final names, (3) writing its commit record, which
