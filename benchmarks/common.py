@@ -171,7 +171,8 @@ class VariantRun:
             returncode = self.process.wait(timeout=timeout_s)
         finally:
             self.memory.__exit__()
-            # A SIGKILLed driver cannot stop its Ray: end what runs from our private temp dir.
+            # Safety net: a SIGKILLed driver's reaper ends its Ray; end anything still running
+            # from our private temp dir so that one variant cannot slow the next.
             kill_ray_leftovers(self.ray_tmp)
         self.log.seek(0)
         output = self.log.read()
@@ -192,23 +193,52 @@ class VariantRun:
         return result
 
 
-def kill_ray_leftovers(ray_tmp: str) -> list[int]:
-    """Kill the processes of a Ray started with ``RAY_TMPDIR=ray_tmp``, and only those.
+def ray_processes_of(ray_tmp: str) -> list[int]:
+    """The live processes of a Ray started with ``RAY_TMPDIR=ray_tmp``, and only those.
 
     The raylet and GCS name the directory in their command lines; Ray's agents and workers
     rename themselves (``ray::DashboardAgent``...), so they are found by their environment, read
-    as raw bytes (the renaming garbles what psutil parses).
+    as raw bytes (the renaming garbles what psutil parses), or, where the renaming overwrote
+    that too, by a file they hold open under the directory (their logs).
     """
     in_environ, in_cmdline = f"RAY_TMPDIR={ray_tmp}\0".encode(), ray_tmp.encode()
-    killed = []
+    found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) in (os.getpid(), os.getppid()):
             continue
         try:
-            if in_environ in (proc / "environ").read_bytes() or in_cmdline in (proc / "cmdline").read_bytes():
-                os.kill(int(proc.name), signal.SIGKILL)
-                killed.append(int(proc.name))
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # dead, waiting for its parent to collect it
+            if (
+                in_environ in (proc / "environ").read_bytes()
+                or in_cmdline in (proc / "cmdline").read_bytes()
+                or any(_opens_under(fd, ray_tmp) for fd in (proc / "fd").iterdir())
+            ):
+                found.append(int(proc.name))
         except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+def _opens_under(fd: Path, directory: str) -> bool:
+    try:
+        return os.readlink(fd).startswith(directory + "/")
+    except OSError:
+        return False
+
+
+def kill_ray_leftovers(ray_tmp: str) -> list[int]:
+    """SIGKILL the processes of a Ray started with ``RAY_TMPDIR=ray_tmp``; return their pids.
+
+    A safety net for tests and benchmarks that kill a driver: ``ray_session``'s reaper already
+    ends such a Ray within seconds (see ``airflow_provider_raybatch.pipeline.reaper``).
+    """
+    killed = []
+    for pid in ray_processes_of(ray_tmp):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except OSError:
             continue
     return killed
 

@@ -16,7 +16,7 @@ Layout of an output folder (layout version 2)::
                                      (a partition's writer has its own subfolder)
     _raybatch/lease/                 the writer lease of the whole output (see :mod:`.lease`)
     _raybatch/leases/<partition>/    the writer lease of one partition's ranges
-    _raybatch/jobs/<submission id>.json  summary of a run submitted as a Ray Job
+    _raybatch/jobs/<submission id>.json  result of a Ray Job: a run's summary, or the planned partitions
 
 Layout version 1 (outputs of earlier versions) listed every range in ``plan.json`` and kept one
 record per range, ``_raybatch/commits/<range id>.json``. Such an output is still read and

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from airflow_provider_raybatch.pipeline.reaper import start_reaper
+
 log = logging.getLogger(__name__)
 
 
@@ -17,26 +19,41 @@ def ray_session(address: str | None = None, namespace: str | None = None) -> Ite
 
     With no address, Ray starts embedded in this process (its workers are local processes).
     The workers get this process's ``sys.path``, so predictors importable here (a DAG folder
-    module, a test module) are importable there too.
+    module, a test module) are importable there too. On Linux a reaper process (see
+    :mod:`~airflow_provider_raybatch.pipeline.reaper`) ends every process of the embedded Ray
+    within seconds if this process is killed before it can shut Ray down (SIGKILL, the OOM
+    killer); elsewhere that guarantee is absent and nothing else changes.
     """
     import ray
 
     if ray.is_initialized():
         yield
         return
+    reaper = None
     if address is None:
         log.info("Starting an embedded local Ray")
         python_path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        ray.init(
-            include_dashboard=False,
-            runtime_env={"env_vars": {"PYTHONPATH": python_path}},
-            configure_logging=False,
-            namespace=namespace,
-        )
+        # Before ray.init: a kill during the start (seconds) must not leave processes either.
+        reaper = start_reaper()
+        try:
+            ray.init(
+                include_dashboard=False,
+                runtime_env={"env_vars": {"PYTHONPATH": python_path}},
+                configure_logging=False,
+                namespace=namespace,
+            )
+        except BaseException:
+            if reaper is not None:
+                reaper.fire()  # what a failed start left running goes too
+            raise
     else:
         log.info("Connecting to Ray at %s", address)
         ray.init(address=address, configure_logging=False, namespace=namespace)
     try:
         yield
     finally:
-        ray.shutdown()
+        try:
+            ray.shutdown()
+        finally:
+            if reaper is not None:
+                reaper.disarm()

@@ -42,16 +42,6 @@ def schema_mismatch(recorded: pa.Schema, found: pa.Schema) -> str:
     return ""
 
 
-def batch_mismatch(first: pa.Schema, found: pa.Schema) -> str:
-    """How a later batch of one range differs from its first ("" when one table can hold both)."""
-    if first.names != found.names:
-        return f"columns {found.names} where earlier rows have {first.names}"
-    for old, new in zip(first, found, strict=True):
-        if new.type != old.type and not (pa.types.is_null(new.type) or pa.types.is_null(old.type)):
-            return f"column {new.name!r} has type {new.type} where earlier rows have {old.type}"
-    return ""
-
-
 def promotion_needed(recorded: pa.Schema, found: pa.Schema) -> bool:
     """True when ``found`` meets the rule only through a promotion (a cast to ``recorded``)."""
     return not found.remove_metadata().equals(recorded.remove_metadata())

@@ -4,7 +4,7 @@ A write step after the last stage (:func:`write_block`) writes each block's rows
 to a Parquet file in the writer's temporary folder (and its rejected rows to another), and
 returns one small metadata row per file. The driver (:class:`RangeCommits`) receives only that
 metadata; it commits a range through the ledger, which publishes the files under their final
-names, as soon as the files hold all the range's rows. Rows never pass through the driver.
+names, as soon as the files hold all the range's rows. Rows do not pass through the driver.
 
 A range normally arrives in one block, so it gets one file; one that arrives in several blocks
 gets one file per block, and its ids are checked as a key across them by reading back only the

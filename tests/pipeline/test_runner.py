@@ -23,7 +23,7 @@ from airflow_provider_raybatch.pipeline.planner import recorded_ranges
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
 from airflow_provider_raybatch.pipeline.verify import verify_output
-from benchmarks.common import kill_ray_leftovers
+from benchmarks.common import kill_ray_leftovers, ray_processes_of
 from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -152,7 +152,7 @@ def ray_processes(ray_tmp: str) -> list[str]:
 
 
 def kill_leftovers(ray_tmp: str) -> None:
-    """A SIGKILLed driver cannot stop its Ray; the test cleans up after it."""
+    """A safety net: a SIGKILLed driver's reaper already ends its Ray (asserted below)."""
     kill_ray_leftovers(ray_tmp)
 
 
@@ -183,6 +183,11 @@ def test_killed_process_resumes_and_embedded_ray_leaves_no_process(tmp_path):
         assert running.poll() is None, running.stdout.read()
         running.kill()  # SIGKILL, mid-run
         running.wait()
+        # No finally ran in the killed process: its reaper ends the embedded Ray.
+        deadline = time.monotonic() + 15
+        while ray_processes_of(running.ray_tmp) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ray_processes_of(running.ray_tmp) == []
     finally:
         kill_leftovers(running.ray_tmp)
     committed = commit_count(out)
