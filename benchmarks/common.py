@@ -77,6 +77,24 @@ def weights(work_dir: Path, model: str = "heavy") -> Path:
     return save_weights(work_dir / name, **SHAPES[model])
 
 
+def moto_s3(bucket: str) -> tuple[dict[str, Any], Any]:
+    """A moto S3 server on loopback holding an empty ``bucket``: (fsspec storage options, server to stop)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{server._server.server_port}", "region_name": "us-east-1"},
+    }
+    boto3.client(
+        "s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]
+    ).create_bucket(Bucket=bucket)
+    return options, server
+
+
 # --- runs in child processes ------------------------------------------------------------------
 
 

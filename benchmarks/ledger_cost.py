@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
 from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger, PlanRecord, _encode
 from airflow_provider_raybatch.pipeline.planner import InputFile, Plan, plan_ranges
-from benchmarks.common import Results, base_parser
+from benchmarks.common import Results, base_parser, moto_s3
 
 BUCKET = "raybatch-bench"
 
@@ -137,24 +137,6 @@ def plan_sizes(files: int, ranges_per_file: int) -> tuple[int, int]:
     return len(before), len(after)
 
 
-def moto_s3() -> tuple[dict[str, Any], Any]:
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    port = server._server.server_port
-    options = {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
-    }
-    boto3.client(
-        "s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]
-    ).create_bucket(Bucket=BUCKET)
-    return options, server
-
-
 def main(argv: list[str] | None = None) -> Results:
     parser = base_parser(__doc__.splitlines()[0], rows=[])
     parser.add_argument("--ranges", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000])
@@ -165,7 +147,7 @@ def main(argv: list[str] | None = None) -> Results:
     args = parser.parse_args(argv)
     name = "ledger_cost_s3" if args.s3 else "ledger_cost"
     results = Results(name, f"Ledger cost ({'moto S3' if args.s3 else 'local filesystem'}): resume reads", args)
-    options, server = moto_s3() if args.s3 else (None, None)
+    options, server = moto_s3(BUCKET) if args.s3 else (None, None)
     try:
         for n in args.ranges:
             ids = range_ids(n)

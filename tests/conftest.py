@@ -73,21 +73,9 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server on loopback; yields fsspec storage options that reach it."""
-    from moto.server import ThreadedMotoServer
+    from benchmarks.common import moto_s3
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    options = {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"},
-    }
-    import boto3
-
-    boto3.client(
-        "s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]
-    ).create_bucket(Bucket="raybatch-test")
+    options, server = moto_s3("raybatch-test")
     yield options
     server.stop()
 
