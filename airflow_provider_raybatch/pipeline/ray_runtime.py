@@ -1,59 +1,121 @@
-"""Connecting to Ray: an embedded local instance by default, or a cluster by address."""
+"""Connecting to Ray: the host's shared local Ray by default, one started for the task, or a cluster."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from airflow_provider_raybatch.pipeline.local_ray import (
+    LocalRaySettings,
+    join_shared_head,
+    restore_auth,
+    use_head_token,
+)
 from airflow_provider_raybatch.pipeline.reaper import start_reaper
 
 log = logging.getLogger(__name__)
 
 
 @contextmanager
-def ray_session(address: str | None = None, namespace: str | None = None) -> Iterator[None]:
-    """Use the Ray already initialised in this process, or start one and shut it down after.
+def ray_session(
+    address: str | None = None, namespace: str | None = None, local: LocalRaySettings | None = None
+) -> Iterator[None]:
+    """Use the Ray already initialised in this process, or connect to one and disconnect after.
 
-    With no address, Ray starts embedded in this process (its workers are local processes).
-    The workers get this process's ``sys.path``, so predictors importable here (a DAG folder
-    module, a test module) are importable there too. On Linux a reaper process (see
-    :mod:`~airflow_provider_raybatch.pipeline.reaper`) ends every process of the embedded Ray
-    within seconds if this process is killed before it can shut Ray down (SIGKILL, the OOM
-    killer); elsewhere that guarantee is absent and nothing else changes.
+    With no address the pipeline runs on a local Ray whose workers get this process's
+    ``sys.path``, so predictors importable here (a DAG folder module, a test module) are
+    importable there too. By default (``shared``, see :mod:`.local_ray`) that is the host's warm
+    shared Ray, started by the first task that needs it and stopped when idle; this task is a
+    driver of its own job there, its workers get its environment, and at the end it only
+    disconnects (Ray ends its job's workers, also when this process is SIGKILLed).
+    ``per-task`` starts a Ray embedded in this process and shuts it down at the end; on Linux a
+    reaper process (see :mod:`.reaper`) ends every process of it within seconds if this process
+    is killed before it can shut Ray down (SIGKILL, the OOM killer).
+
+    :param address: a cluster to join (``"auto"``: the one this process runs on); None: local.
+    :param namespace: the Ray namespace to join.
+    :param local: how to get a local Ray; None: from the environment (:meth:`.LocalRaySettings.from_env`).
     """
     import ray
 
     if ray.is_initialized():
         yield
         return
-    reaper = None
-    if address is None:
-        log.info("Starting an embedded local Ray")
-        python_path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        # Before ray.init: a kill during the start (seconds) must not leave processes either.
-        reaper = start_reaper()
+    python_path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    if address is not None:
+        log.info("Connecting to Ray at %s", address)
+        ray.init(address=address, configure_logging=False, namespace=namespace)
+        with _shutdown_after():
+            yield
+        return
+    local = local or LocalRaySettings.from_env()
+    if local.shared:
+        with _shared_session(local, python_path, namespace):
+            yield
+        return
+    if local.mode == "shared":
+        log.info("A shared local Ray needs Linux: starting one for this task")
+    log.info("Starting an embedded local Ray for this task")
+    # Before ray.init: a kill during the start (seconds) must not leave processes either.
+    reaper = start_reaper()
+    try:
+        ray.init(
+            include_dashboard=False,
+            runtime_env={"env_vars": {"PYTHONPATH": python_path}},
+            configure_logging=False,
+            namespace=namespace,
+        )
+    except BaseException:
+        if reaper is not None:
+            reaper.fire()  # what a failed start left running goes too
+        raise
+    try:
+        with _shutdown_after():
+            yield
+    finally:
+        if reaper is not None:
+            reaper.disarm()
+
+
+@contextmanager
+def _shared_session(local: LocalRaySettings, python_path: str, namespace: str | None) -> Iterator[None]:
+    import ray
+
+    started = time.monotonic()
+    client = join_shared_head(local)
+    try:
+        saved = use_head_token(client)
         try:
+            joined = time.monotonic()
             ray.init(
-                include_dashboard=False,
-                runtime_env={"env_vars": {"PYTHONPATH": python_path}},
+                address=client.address,
+                runtime_env=client.runtime_env(python_path),
                 configure_logging=False,
                 namespace=namespace,
             )
-        except BaseException:
-            if reaper is not None:
-                reaper.fire()  # what a failed start left running goes too
-            raise
-    else:
-        log.info("Connecting to Ray at %s", address)
-        ray.init(address=address, configure_logging=False, namespace=namespace)
+            log.info(
+                "Connected to the shared local Ray at %s in %.2f s (%.2f s to find or start it)",
+                client.address,
+                time.monotonic() - started,
+                joined - started,
+            )
+            with _shutdown_after():
+                yield
+        finally:
+            restore_auth(saved)
+    finally:
+        client.release()
+
+
+@contextmanager
+def _shutdown_after() -> Iterator[None]:
+    import ray
+
     try:
         yield
     finally:
-        try:
-            ray.shutdown()
-        finally:
-            if reaper is not None:
-                reaper.disarm()
+        ray.shutdown()  # connected to a running Ray: disconnects only

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,12 @@ def start_reaper() -> Reaper | None:
 
 def session_processes(owner_pid: int) -> list[int]:
     """Processes writing into a Ray session directory started by process ``owner_pid``."""
-    marker = re.compile(rf"/session_[^/]*_{owner_pid}/")
-    skip = {os.getpid(), owner_pid}
+    return processes_writing(re.compile(rf"/session_[^/]*_{owner_pid}/"), skip={owner_pid})
+
+
+def processes_writing(marker: re.Pattern[str], skip: Iterable[int] = ()) -> list[int]:
+    """Processes (other than this one and ``skip``) holding a file open for writing whose path matches ``marker``."""
+    skip = {os.getpid(), *skip}
     found = []
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and int(entry.name) not in skip and _writes_under(entry.name, marker):
