@@ -1,0 +1,266 @@
+"""The host's shared warm local Ray: real heads, real task processes, real kills."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.local_ray import (
+    LocalRaySettings,
+    head_dir,
+    head_processes,
+    read_record,
+    stop_shared_heads,
+)
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc")
+
+REPO = Path(__file__).resolve().parents[2]
+log = logging.getLogger(__name__)
+
+# A task: connect, run a probe on a worker, optionally start work that never ends (an actor, a
+# task, and a process the actor starts), print what it saw, stay connected until told to go.
+TASK = """
+import json, logging, os, subprocess, sys, time
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+import ray
+from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+busy, release = sys.argv[1] == "busy", sys.argv[2]
+
+@ray.remote
+def probe():
+    return {"pid": os.getpid(), "mark": os.environ.get("RAYBATCH_TEST_MARK"), "job_env": os.environ.get("RAYBATCH_JOB_ENV")}
+
+@ray.remote
+class Busy:
+    def work(self):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        time.sleep(300)
+
+started = time.monotonic()
+with ray_session():
+    connect_s = time.monotonic() - started
+    seen = ray.get(probe.remote())
+    if busy:
+        actor = Busy.remote()
+        actor.work.remote()
+        ray.remote(lambda: time.sleep(300)).remote()
+        time.sleep(3)  # the actor, the task and the actor's child start
+    info = {"connect_s": connect_s, "node": ray.get_runtime_context().get_node_id(), "worker": seen}
+    print("INFO " + json.dumps(info), flush=True)
+    while release and not os.path.exists(release):
+        time.sleep(0.1)
+    if release:
+        print("AGAIN " + json.dumps(ray.get(probe.remote())), flush=True)
+"""
+
+
+def wait_until(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+@pytest.fixture
+def shared():
+    """A private place for this test's shared heads (short: Ray's socket paths are length-limited);
+    whatever head is still up at the end is stopped."""
+    base = tempfile.mkdtemp(prefix="rbl", dir="/tmp")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "RAYBATCH_LOCAL_RAY": "shared",
+        "RAYBATCH_LOCAL_RAY_DIR": base,
+        "RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S": "5",
+    }
+    root = head_dir(LocalRaySettings(base_dir=base))
+    yield env, root
+    stop_shared_heads(base)
+    assert head_processes(root) == []
+
+
+class Task:
+    """A task process on the shared Ray."""
+
+    def __init__(self, env: dict[str, str], mark: str, busy: bool = False, release: Path | None = None) -> None:
+        self.release = release
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", TASK, "busy" if busy else "probe", str(release or "")],
+            env={**env, "RAYBATCH_TEST_MARK": mark},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.output: list[str] = []
+
+    def info(self, timeout_s: float = 300) -> dict:
+        """What the task printed once connected (reads its output up to that line)."""
+        deadline = time.monotonic() + timeout_s
+        for line in self.process.stdout:
+            self.output.append(line)
+            if line.startswith("INFO "):
+                return json.loads(line[5:])
+            assert time.monotonic() < deadline, "".join(self.output)
+        raise AssertionError(f"the task ended without connecting:\n{''.join(self.output)}")
+
+    def finish(self, timeout_s: float = 120) -> str:
+        if self.release is not None:
+            self.release.touch()
+        rest, _ = self.process.communicate(timeout=timeout_s)
+        self.output.append(rest)
+        assert self.process.returncode == 0, "".join(self.output)
+        return "".join(self.output)
+
+
+def started_heads(output: str) -> int:
+    return output.count("Starting the shared local Ray")
+
+
+def test_two_tasks_share_one_head_each_with_its_own_environment_and_it_stops_when_idle(shared):
+    env, root = shared
+    first = Task(env, "first", release=root.parent.parent / "release-first")
+    first_info = first.info()
+    record = read_record(root)
+    assert record is not None
+
+    second = Task(env, "second")
+    second_info = second.info()
+    second_out = second.finish()
+    first_out = first.finish()
+    assert started_heads(first_out) == 1
+    log.info(
+        "connect: first task %.2f s (started the head), second %.2f s",
+        first_info["connect_s"],
+        second_info["connect_s"],
+    )
+    print(f"connect: first task {first_info['connect_s']:.2f} s, second {second_info['connect_s']:.2f} s")
+    assert started_heads(second_out) == 0
+    assert second_info["node"] == first_info["node"]
+    assert read_record(root)["head_pid"] == record["head_pid"]
+    # Each task's workers see that task's environment, not the first task's.
+    assert first_info["worker"]["mark"] == "first" and second_info["worker"]["mark"] == "second"
+
+    # No task connected: the head stops after its idle timeout (5 s here) and leaves nothing.
+    assert head_processes(root)
+    assert wait_until(lambda: read_record(root) is None and not head_processes(root), 5 + 30), (
+        root / "monitor.log"
+    ).read_text()
+    assert "idle for 5 s: stopping the head" in (root / "monitor.log").read_text()
+
+
+def test_two_first_tasks_race_and_start_one_head(shared):
+    env, root = shared
+    tasks = [Task(env, "a"), Task(env, "b")]  # no head yet: both try to start it
+    infos = [t.info() for t in tasks]
+    outputs = [t.finish() for t in tasks]
+    assert infos[0]["node"] == infos[1]["node"]
+    assert sum(started_heads(o) for o in outputs) == 1, outputs
+    assert (root / "monitor.log").read_text().count("started ray start --head") == 1
+
+
+def test_a_head_recorded_for_another_ray_version_is_replaced(shared):
+    env, root = shared
+    env = {**env, "RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S": "120"}  # the old head must still run when the new task comes
+    old = Task(env, "old")
+    old_node = old.info()["node"]
+    old.finish()
+    record = read_record(root)
+    record["ray_version"] = "0.0.1"  # as if another Ray had started it
+    (root / "head.json").write_text(json.dumps(record))
+
+    new = Task(env, "new")
+    new_node = new.info()["node"]
+    output = new.finish()
+    assert "Replacing the shared local Ray" in output and "it runs Ray 0.0.1" in output
+    assert started_heads(output) == 1
+    assert new_node != old_node
+    replaced = read_record(root)
+    assert replaced["head_pid"] != record["head_pid"]
+    assert not Path(f"/proc/{record['head_pid']}").exists()
+    assert not Path(f"/proc/{record['monitor_pid']}").exists()
+
+
+def job_processes(job_env: str) -> list[int]:
+    """Processes started for one task's job: its runtime_env names its environment file."""
+    mark = f"RAYBATCH_JOB_ENV={job_env}\0".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (
+                    mark in (proc / "environ").read_bytes()
+                    and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+                ):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_sigkilled_task_leaves_no_worker_behind_and_the_head_serves_others_then_stops(shared, tmp_path):
+    env, root = shared
+    other = Task(env, "other", release=tmp_path / "release")
+    other.info()
+    killed = Task(env, "killed", busy=True)
+    info = killed.info()
+    job_env = info["worker"]["job_env"]
+    assert job_env and job_env.startswith(f"{root}/clients/")
+    # The probe's worker, the actor, the task and the process the actor started.
+    assert wait_until(lambda: len(job_processes(job_env)) >= 3, 30), job_processes(job_env)
+    killed.process.kill()  # SIGKILL: no finally, no disconnect
+    killed.process.wait()
+    assert killed.process.returncode == -signal.SIGKILL
+    assert wait_until(lambda: not job_processes(job_env), 30), job_processes(job_env)
+
+    # The head is still up, and serves the other task.
+    record = read_record(root)
+    assert record is not None and Path(f"/proc/{record['head_pid']}").exists()
+    output = other.finish()
+    assert json.loads(output.split("AGAIN ", 1)[1].splitlines()[0])["mark"] == "other"
+    # The killed task's client lock went with it: once the other task is gone, the head goes.
+    assert wait_until(lambda: read_record(root) is None and not head_processes(root), 5 + 30), (
+        root / "monitor.log"
+    ).read_text()
+    assert not list((root / "clients").iterdir())
+
+
+def test_settings_from_the_environment():
+    assert LocalRaySettings.from_env({}) == LocalRaySettings()
+    assert LocalRaySettings.from_env({}).idle_timeout_s == 600
+    settings = LocalRaySettings.from_env(
+        {
+            "RAYBATCH_LOCAL_RAY": "per_task",
+            "RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S": "30",
+            "RAYBATCH_LOCAL_RAY_DIR": "/x",
+            "RAYBATCH_LOCAL_RAY_NUM_CPUS": "4",
+        }
+    )
+    assert settings == LocalRaySettings(mode="per-task", idle_timeout_s=30, base_dir="/x", num_cpus=4)
+    assert not settings.shared
+    with pytest.raises(ConfigError, match="RAYBATCH_LOCAL_RAY must be"):
+        LocalRaySettings.from_env({"RAYBATCH_LOCAL_RAY": "global"})
+    with pytest.raises(ConfigError, match="RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S"):
+        LocalRaySettings.from_env({"RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S": "0"})
+    with pytest.raises(ConfigError, match="RAYBATCH_LOCAL_RAY_NUM_GPUS"):
+        LocalRaySettings.from_env({"RAYBATCH_LOCAL_RAY_NUM_GPUS": "one"})
+
+
+def test_head_folder_is_per_user_ray_version_and_python(tmp_path):
+    settings = LocalRaySettings(base_dir=str(tmp_path))
+    folder = head_dir(settings, "2.60.0")
+    assert folder.parent == tmp_path / f"rbray-{os.getuid()}"
+    assert folder.name.startswith("2.60.0-")
+    assert head_dir(settings, "2.61.0") != folder
