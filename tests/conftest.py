@@ -19,6 +19,21 @@ _AIRFLOW_HOME = os.environ.get("RAYBATCH_TEST_AIRFLOW_HOME") or tempfile.mkdtemp
 os.environ["RAYBATCH_TEST_AIRFLOW_HOME"] = os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+# Embedded tasks use the host's shared local Ray (the default mode): the suite's own, in a private
+# folder (short: Ray's socket paths are length-limited), stopped at the end of the session and,
+# should the session be killed, after a minute idle. Tests of per-task behaviour opt out
+# (RAYBATCH_LOCAL_RAY=per-task in their task's environment).
+os.environ.setdefault("RAYBATCH_LOCAL_RAY_DIR", tempfile.mkdtemp(prefix="rbl", dir="/tmp"))
+os.environ.setdefault("RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S", "60")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_ray():
+    """No shared head outlives the session."""
+    yield
+    from airflow_provider_raybatch.pipeline.local_ray import stop_shared_heads
+
+    stop_shared_heads(os.environ["RAYBATCH_LOCAL_RAY_DIR"])
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +61,7 @@ def run_dag(dag, logical_date, conf=None):
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """One embedded local Ray for the session (started the way the provider starts it)."""
+    """One local Ray for the session, joined the way the provider joins it (the shared Ray by default)."""
     import ray
 
     from airflow_provider_raybatch.pipeline.ray_runtime import ray_session

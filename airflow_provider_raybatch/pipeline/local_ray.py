@@ -75,8 +75,9 @@ JOB_ENV_FILE_ENV = "RAYBATCH_JOB_ENV"
 SETUP_HOOK = "airflow_provider_raybatch.pipeline.local_ray.apply_job_environment"
 
 RECORD_FORMAT = 1
-_START_TIMEOUT_S = 180.0  # a loaded 2-core machine took 16 s; leave room
-_LOCK_TIMEOUT_S = _START_TIMEOUT_S + 60
+_START_TIMEOUT_S = 150.0  # per attempt: a 2-core machine under a load of 30 took 47 s
+_START_ATTEMPTS = 3
+_LOCK_TIMEOUT_S = _START_ATTEMPTS * _START_TIMEOUT_S + 60
 _STOP_GRACE_S = 15.0
 _READY_LINE = "Ray runtime started"
 
@@ -487,7 +488,7 @@ def _start_head(root: Path, settings: LocalRaySettings, ray_version: str) -> dic
         monitor_pid = int(starter.stdout.strip())
     except ValueError:
         raise RuntimeError(f"could not start the shared local Ray's monitor: {starter.stderr[-2000:]}") from None
-    deadline = time.monotonic() + _START_TIMEOUT_S
+    deadline = time.monotonic() + _START_ATTEMPTS * _START_TIMEOUT_S + 30
     while time.monotonic() < deadline:
         record = read_record(root)
         if record is not None and record.get("nonce") == nonce:
@@ -573,13 +574,7 @@ def stop_shared_heads(base_dir: str | os.PathLike[str]) -> list[Path]:
 # --- the monitor (this file as a script) ---------------------------------------------------------
 
 
-def _monitor(root: Path, params: dict[str, Any]) -> int:
-    me = os.getpid()
-    started = time.monotonic()
-
-    def say(message: str) -> None:
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [monitor {me}] {message}", flush=True)
-
+def _start_ray(root: Path, params: Mapping[str, Any]) -> tuple[subprocess.Popen, int]:
     shutil.rmtree(root / "r", ignore_errors=True)  # sessions of stopped heads
     port = _free_port()
     command = [
@@ -611,14 +606,33 @@ def _monitor(root: Path, params: dict[str, Any]) -> int:
         head = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=head_log, stderr=subprocess.STDOUT, start_new_session=True
         )
-    say(f"started ray start --head (pid {head.pid}) on port {port}")
-    while _READY_LINE not in _tail(root / "head.log", 200):
-        if head.poll() is not None or time.monotonic() - started > _START_TIMEOUT_S:
-            say("the head did not start")
-            _kill_head(root, {"head_pid": head.pid, "head_start": _start_time(head.pid)})
-            _write_record(root, {"nonce": params["nonce"], "monitor_pid": me, "error": "the head did not start"})
-            return 1
-        time.sleep(0.05)
+    return head, port
+
+
+def _monitor(root: Path, params: dict[str, Any]) -> int:
+    me = os.getpid()
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} [monitor {me}] {message}", flush=True)
+
+    for attempt in range(1, _START_ATTEMPTS + 1):
+        head, port = _start_ray(root, params)
+        say(f"started ray start --head (pid {head.pid}) on port {port}")
+        while _READY_LINE not in _tail(root / "head.log", 200) and head.poll() is None:
+            if time.monotonic() - started > attempt * _START_TIMEOUT_S:
+                break
+            time.sleep(0.05)
+        if _READY_LINE in _tail(root / "head.log", 200) and head.poll() is None:
+            break
+        # Seen on an overloaded host: the raylet gives up waiting for its agents' ports.
+        say(f"the head did not start (attempt {attempt}): {_tail(root / 'head.log', 1)}")
+        _kill_head(root, {"head_pid": head.pid, "head_start": _start_time(head.pid)})
+        with contextlib.suppress(OSError):
+            os.replace(root / "head.log", root / f"head.{attempt}.log")
+    else:
+        _write_record(root, {"nonce": params["nonce"], "monitor_pid": me, "error": "the head did not start"})
+        return 1
     idle_timeout = float(params["idle_timeout_s"])
     record = {
         "format": RECORD_FORMAT,

@@ -119,6 +119,7 @@ def test_a_killed_first_try_resumes_exactly_once_from_the_json_spec(tmp_path, ti
     env = {
         **os.environ,
         "RAY_TMPDIR": ray_tmp,
+        "RAYBATCH_LOCAL_RAY": "per-task",
         "PYTHONPATH": str(REPO),
         "RAYBATCH_TEST_CRASH": "published:2",
         **RECORD_EACH_RANGE,

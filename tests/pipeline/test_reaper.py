@@ -132,7 +132,14 @@ def cmdline(pid: int) -> bytes:
 
 def test_sigkilled_task_leaves_no_process_of_its_embedded_ray():
     ray_tmp = tempfile.mkdtemp(prefix="rbr", dir="/tmp")  # short: Ray's socket paths are length-limited
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(REPO)}
+    # The opt-out from the host's shared Ray: a Ray of the task's own, ended by the reaper.
+    env = {
+        **os.environ,
+        "RAY_TMPDIR": ray_tmp,
+        "PYTHONPATH": str(REPO),
+        "RAYBATCH_LOCAL_RAY": "per-task",
+        "RAYBATCH_LOCAL_RAY_DIR": ray_tmp,
+    }
     task = subprocess.Popen(
         [sys.executable, "-c", TASK], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -151,6 +158,8 @@ def test_sigkilled_task_leaves_no_process_of_its_embedded_ray():
         task.wait()
         gone = wait_until(lambda: not ray_processes_of(ray_tmp), 15)
         assert gone, f"left after 15 s: {[cmdline(p)[:40] for p in ray_processes_of(ray_tmp)]}"
+        assert "Starting an embedded local Ray for this task" in "".join(output)
+        assert not list(Path(ray_tmp).glob("rbray-*")), "a shared Ray was started despite the opt-out"
     finally:
         task.kill()
         task.wait()

@@ -128,7 +128,14 @@ print("SUMMARY " + json.dumps(run_batch_inference(cfg).to_dict()))
 def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True, **config_kwargs):
     """Run the pipeline in its own process, with its own embedded Ray in its own temp dir."""
     ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths are length-limited
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **(env or {})}
+    # A Ray of its own (per-task, with its reaper): these tests kill, freeze and race such processes.
+    env = {
+        **os.environ,
+        "RAY_TMPDIR": ray_tmp,
+        "RAYBATCH_LOCAL_RAY": "per-task",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        **(env or {}),
+    }
     args = [
         sys.executable,
         "-c",
