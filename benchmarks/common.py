@@ -165,6 +165,9 @@ class VariantRun:
             # predictor would get the CPU only when others leave it, and a comparison with the
             # plain loop (niceness 0) would measure the neighbours. Same priority for every variant.
             "RAY_worker_niceness": "0",
+            # A Ray of its own, started and stopped in the run (what was measured before the shared
+            # local Ray existed); a benchmark measuring the shared Ray says so in ``env``.
+            "RAYBATCH_LOCAL_RAY": "per-task",
             **(env or {}),
         }
         self.load_at_start = load_average()

@@ -1,11 +1,13 @@
 """Fixed cost: seconds from task start to the first committed range, and for an empty input.
 
-Runs the operator (embedded Ray) in a fresh process per measurement, as a task would:
+Runs the operator (local Ray) in a fresh process per measurement, as a task would:
 - Ray alone: import, embedded start, shutdown (the floor under every Ray run);
 - one range (10,000 rows): time to its commit and to the end of the task;
 - 1M rows: time to the first of its ranges' commits;
 - an empty input (a file with no rows): no Ray is started;
-- a rerun of a finished output: returns the recorded summary, no Ray.
+- a rerun of a finished output: returns the recorded summary, no Ray;
+each with a Ray started for the task (``per-task``), then Ray alone, one range and the first
+rows on the host's shared Ray once it is warm (``shared``: started by an untimed first run).
 
     python benchmarks/fixed_cost.py
 """
@@ -13,6 +15,7 @@ Runs the operator (embedded Ray) in a fresh process per measurement, as a task w
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
@@ -29,6 +32,17 @@ def main(argv: list[str] | None = None) -> Results:
     args = parser.parse_args(argv)
     results = Results("fixed_cost", "Fixed cost: time to the first committed range, empty input", args)
 
+    per_task(args, results)
+    shared_warm(args, results)
+    results.note(
+        "wall_s runs from the operator's execute() to its return (Ray shut down, or disconnected from the "
+        "shared Ray); first_commit_s from the same start to the first commit record's modification time."
+    )
+    results.write()
+    return results
+
+
+def per_task(args, results: Results) -> None:
     ray_runs = [run_variant("ray_start", {}) for _ in range(args.repeats)]
     results.add(
         case="Ray alone: import + embedded start + shutdown",
@@ -70,12 +84,55 @@ def main(argv: list[str] | None = None) -> Results:
                 detail="no Ray started",
                 load_avg=rerun["load_avg"],
             )
-    results.note(
-        "wall_s runs from the operator's execute() to its return (Ray shut down); first_commit_s from the "
-        "same start to the first commit record's modification time."
-    )
-    results.write()
-    return results
+
+
+def shared_warm(args, results: Results) -> None:
+    """The same task on the host's shared Ray, warm: the first run (untimed) starts it."""
+    from airflow_provider_raybatch.pipeline.local_ray import stop_shared_heads
+
+    base = tempfile.mkdtemp(prefix="rbw", dir="/tmp")  # short: Ray's socket paths are length-limited
+    env = {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": base}
+    try:
+        cold = run_variant("ray_start", {}, env)
+        results.add(
+            case="shared Ray, cold: import + start the head + connect + disconnect",
+            rows=0,
+            first_commit_s="",
+            wall_s=round(cold["import_s"] + cold["init_s"] + cold["shutdown_s"], 2),
+            detail="import {import_s:.2f} s, start and connect {init_s:.2f} s, disconnect {shutdown_s:.2f} s".format(
+                **cold
+            ),
+            load_avg=cold["load_avg"],
+        )
+        ray_runs = [run_variant("ray_start", {}, env) for _ in range(args.repeats)]
+        results.add(
+            case="shared Ray, warm: import + connect + disconnect",
+            rows=0,
+            first_commit_s="",
+            wall_s=round(median(r["import_s"] + r["init_s"] + r["shutdown_s"] for r in ray_runs), 2),
+            detail="import {:.2f} s, connect {:.2f} s, disconnect {:.2f} s".format(
+                *(median(r[k] for r in ray_runs) for k in ("import_s", "init_s", "shutdown_s"))
+            ),
+            load_avg=ray_runs[-1]["load_avg"],
+        )
+        for case, rows in [("one range", SMALL_ROWS), *((f"{rows:,} rows", rows) for rows in args.rows)]:
+            input_path = make_input(args.work_dir, rows)
+            output = args.work_dir / f"out-fixed-shared-{rows}"
+            runs = []
+            for _ in range(args.repeats):
+                result = run_variant("operator", common_params(args, input_path, output), env)
+                runs.append({**result, **commit_timeline(output, result["started_at"])})
+            first = [r["first_commit_s"] for r in runs if "first_commit_s" in r]
+            results.add(
+                case=f"operator on the warm shared Ray, {case}",
+                rows=rows,
+                first_commit_s=round(median(first), 2) if first else "",
+                wall_s=round(median(r["wall_s"] for r in runs), 2),
+                detail=f"{runs[-1]['summary']['ranges_total']} range(s)",
+                load_avg=runs[-1]["load_avg"],
+            )
+    finally:
+        stop_shared_heads(base)
 
 
 if __name__ == "__main__":

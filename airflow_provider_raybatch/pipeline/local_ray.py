@@ -450,8 +450,8 @@ def _start_head(root: Path, settings: LocalRaySettings, ray_version: str) -> dic
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
     env = {k: v for k, v in os.environ.items() if _HEAD_ENV.match(k)}
-    env.pop("RAY_ADDRESS", None)
-    env.pop("RAY_AUTH_TOKEN", None)
+    for task_only in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_TMPDIR"):  # the head gets its own folder and token
+        env.pop(task_only, None)
     env.update(
         {
             HEAD_MARK_ENV: str(root),
