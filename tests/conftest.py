@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,7 +24,10 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
 # folder (short: Ray's socket paths are length-limited), stopped at the end of the session and,
 # should the session be killed, after a minute idle. Tests of per-task behaviour opt out
 # (RAYBATCH_LOCAL_RAY=per-task in their task's environment).
-os.environ.setdefault("RAYBATCH_LOCAL_RAY_DIR", tempfile.mkdtemp(prefix="rbl", dir="/tmp"))
+if "RAYBATCH_LOCAL_RAY_DIR" not in os.environ:
+    os.environ["RAYBATCH_LOCAL_RAY_DIR"] = _SHARED_RAY_DIR = tempfile.mkdtemp(prefix="rbl", dir="/tmp")
+else:
+    _SHARED_RAY_DIR = None  # a parent's (this is a test's subprocess) or the developer's: not ours to remove
 os.environ.setdefault("RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S", "60")
 
 
@@ -34,6 +38,8 @@ def _stop_shared_ray():
     from airflow_provider_raybatch.pipeline.local_ray import stop_shared_heads
 
     stop_shared_heads(os.environ["RAYBATCH_LOCAL_RAY_DIR"])
+    if _SHARED_RAY_DIR is not None:
+        shutil.rmtree(_SHARED_RAY_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
