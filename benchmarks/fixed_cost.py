@@ -14,6 +14,7 @@ rows on the host's shared Ray once it is warm (``shared``: started by an untimed
 
 from __future__ import annotations
 
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -133,6 +134,7 @@ def shared_warm(args, results: Results) -> None:
             )
     finally:
         stop_shared_heads(base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
