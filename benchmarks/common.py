@@ -20,7 +20,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,9 @@ ROW_GROUP_ROWS = 100_000
 BATCH_SIZE = 4096
 THREADS = os.cpu_count() or 1
 MIN_COMMITS_FOR_RATE = 5  # fewer commits arrive too close together to give a meaningful rate
+#: The last commit whose driver received every row and wrote every range file, with a ledger of
+#: one record per range and a plan listing every range: "before" in the scale-out benchmarks.
+BEFORE_SCALE_OUT = "b0ef868"
 
 
 # --- input ------------------------------------------------------------------------------------
@@ -93,6 +97,24 @@ def moto_s3(bucket: str) -> tuple[dict[str, Any], Any]:
         "s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]
     ).create_bucket(Bucket=bucket)
     return options, server
+
+
+@contextmanager
+def provider_at(commit: str) -> Iterator[str]:
+    """A folder holding the provider package as it was at ``commit`` (in a temporary git worktree).
+
+    Put it first on a child's ``sys.path`` (the ``package_root`` parameter of the variants): only
+    the provider comes from the earlier commit, the benchmark's own code stays this checkout's.
+    """
+    with tempfile.TemporaryDirectory(prefix="rbb-before-") as tmp:
+        tree, package_root = Path(tmp) / "tree", Path(tmp) / "package"
+        subprocess.run(["git", "worktree", "add", "--detach", tree, commit], cwd=REPO, check=True)
+        try:
+            package_root.mkdir()
+            (package_root / "airflow_provider_raybatch").symlink_to(tree / "airflow_provider_raybatch")
+            yield str(package_root)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=REPO, check=False)
 
 
 # --- runs in child processes ------------------------------------------------------------------

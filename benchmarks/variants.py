@@ -112,8 +112,14 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
     driver_bytes = _count_driver_bytes() if p.get("count_driver_bytes") else None
     if p.get("ray_address"):
         # An existing cluster: what execute() does once the hook resolved a connection's address.
+        import ray
+
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 
+        # The job's workers import the provider this process imports (another commit's, with
+        # package_root), not the one on the cluster nodes' own PYTHONPATH.
+        python_path = os.pathsep.join(path for path in sys.path if path and os.path.isdir(path))
+        ray.init(address=p["ray_address"], runtime_env={"env_vars": {"PYTHONPATH": python_path}})
         summary = run_batch_inference(task.build_config(context), ray_address=p["ray_address"]).to_dict()
     else:
         summary = task.execute(context)
@@ -260,6 +266,7 @@ def main(argv: list[str]) -> None:
     if name == "operator":
         import airflow_provider_raybatch.operators.batch_inference  # noqa: F401 - a task process has it loaded
     started_at = time.time()
+    print(f"STARTED {started_at}", flush=True)  # for a parent that kills this run before its result
     started = time.perf_counter()
     result = VARIANTS[name](params)
     wall = time.perf_counter() - started
