@@ -53,11 +53,12 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 
 # pytest exits 5 when it collects no test: not a failure of the suite itself.
 # In CI (CI=true) the suite also runs the Daft benchmark variant's smoke test, so it creates
-# .venv-daft (about a minute on a quiet machine); elsewhere that test skips until `make daft-env`.
+# .venv-daft (1 min 18 s measured at load 8 on 2 cores); elsewhere that test skips until `make daft-env`.
 test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
-# All seven benchmarks at full size (about 10 minutes on 2 quiet cores, 25 under load); BENCH_ARGS=--quick for small sizes.
+# All seven benchmarks at full size (about 13 minutes on 2 quiet cores: 10 before throughput.py ran a light
+# model and Daft too, ~3 more by estimate; 25-30 under load); BENCH_ARGS=--quick for small sizes.
 # Results: benchmarks/results/ (see benchmarks/README.md).
 bench: $(VENV)/.installed-dev $(DAFT_VENV)/.installed
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
