@@ -41,6 +41,20 @@ class PostgresServer:
     def url(self, driver: str = "psycopg2") -> str:
         return f"postgresql+{driver}://{self.user}:{self.password}@127.0.0.1:{self.port}/{self.database}"
 
+    def query(self, sql: str, *params: object) -> list[tuple]:
+        """The rows of one statement, as the database's role over TCP (a connection of its own, closed after)."""
+        import psycopg2
+
+        connection = psycopg2.connect(
+            host="127.0.0.1", port=self.port, dbname=self.database, user=self.user, password=self.password
+        )
+        try:
+            with connection, connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchall()
+        finally:
+            connection.close()
+
 
 def server_binaries() -> Path:
     """The folder holding initdb and pg_ctl: on PATH, or the newest under /usr/lib/postgresql (Debian)."""

@@ -19,15 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 def test_the_server_serves_its_database_and_is_gone_after_a_failure():
     with pytest.raises(RuntimeError, match="the test body failed"), postgres_server() as server:
-        with (
-            psycopg2.connect(
-                host="127.0.0.1", port=server.port, dbname=server.database, user=server.user, password=server.password
-            ) as connection,
-            connection.cursor() as cursor,
-        ):
-            cursor.execute("SELECT current_user, current_database(), setting FROM pg_settings WHERE name = %s",
-                           ("listen_addresses",))  # fmt: skip
-            assert cursor.fetchone() == ("airflow", "airflow", "127.0.0.1")
+        query = "SELECT current_user, current_database(), setting FROM pg_settings WHERE name = %s"
+        assert server.query(query, "listen_addresses") == [("airflow", "airflow", "127.0.0.1")]
         with pytest.raises(psycopg2.OperationalError, match="password authentication failed"):
             psycopg2.connect(host="127.0.0.1", port=server.port, dbname="airflow", user="airflow", password="wrong")
         pid = int((server.folder / "data" / "postmaster.pid").read_text().splitlines()[0])
