@@ -14,7 +14,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.block_writer import WRITE_CPUS, write_block
+from airflow_provider_raybatch.pipeline.block_writer import write_block, write_step_resources
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
 from airflow_provider_raybatch.pipeline.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
@@ -129,7 +129,7 @@ def _stream(
         batch_format="pyarrow",
         zero_copy_batch=True,
         batch_size=None,
-        num_cpus=WRITE_CPUS,
+        **write_step_resources(ray.cluster_resources().get("CPU", 1)),
     )
     with Watchdog(config.progress_timeout, commits.progress, config.stages, ds) as watchdog:
         try:
