@@ -108,7 +108,7 @@ def azurite(work: Path) -> Server:
     args = [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [*args, "--skipApiVersionCheck", "--loose", "--location", str(work / "azurite")],
+            [*args, "--skipApiVersionCheck", "--loose"],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -153,6 +153,8 @@ def resolved_secrets(store: StoreUnderTest, options: dict[str, Any]) -> list[str
 def test_a_second_create_of_one_name_is_refused(store, request):
     options = storage_options(**store.conn_kwargs)
     fs, path = resolve(store.url("create", uuid.uuid4().hex, "000000000001.json"), options)
+    log = request.getfixturevalue("gcs_server").log if store.name == "gs" else None
+    seen = len(log.read_text().splitlines()) if log else 0
     assert create_file(fs, path, b'{"holder": "first"}') is True
     second = create_file(fs, path, b'{"holder": "second"}')
     if store.name != "gs":
@@ -162,10 +164,11 @@ def test_a_second_create_of_one_name_is_refused(store, request):
     # gcp-storage-emulator ignores GCS preconditions: the second create overwrites (real GCS answers
     # 412). What can be checked here is that gcsfs sent the precondition real GCS enforces.
     assert second is True, "the emulator now honours ifGenerationMatch: update the README and this test"
-    server = request.getfixturevalue("gcs_server")
-    lines = [line for line in server.log.read_text().splitlines() if path.split("/", 1)[1].replace("/", "%2F") in line]
-    uploads = [line for line in lines if "POST /upload/storage/v1/b/raybatch-test/o" in line]
-    assert len(uploads) == 2 and all("ifGenerationMatch=0" in line for line in uploads), lines
+    # The object's name travels in the multipart body: the two uploads are the log's new upload lines.
+    uploads = [
+        line for line in log.read_text().splitlines()[seen:] if "POST /upload/storage/v1/b/raybatch-test/o" in line
+    ]
+    assert len(uploads) == 2 and all("ifGenerationMatch=0" in line for line in uploads), uploads
 
 
 # --- exactly once after a SIGKILL ------------------------------------------------------------------
