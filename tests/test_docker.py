@@ -193,9 +193,11 @@ def test_aws_connection_env_reaches_the_store(compose, monkeypatch):
     minio = service_env(compose, "minio")
     assert "9000:9000" in compose["services"]["minio"]["ports"]
     assert storage_options("aws_default") == {
-        "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "us-east-1"},
-        "key": minio["MINIO_ROOT_USER"],
-        "secret": minio["MINIO_ROOT_PASSWORD"],
+        "s3": {
+            "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "us-east-1"},
+            "key": minio["MINIO_ROOT_USER"],
+            "secret": minio["MINIO_ROOT_PASSWORD"],
+        }
     }
     # Code reading s3:// without a connection (the example DAG) gets the same store from the env.
     assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"
