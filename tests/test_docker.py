@@ -156,9 +156,10 @@ def test_images_install_the_cluster_dependencies_and_the_torch_extra():
         assert version.endswith("+cpu") and torch_range.contains(version), (
             f"{name}: torch {version} not in {torch_range}"
         )
-    # The Airflow image gets torch through the `examples` extra, pinned to the CPU build in the same install.
+    # The Airflow image gets torch through the `examples` extra, pinned to the CPU build in the same install,
+    # and the Amazon provider that resolves the stack's `aws_default` connection.
     airflow = (DOCKER / "airflow.Dockerfile").read_text()
-    assert '"/opt/raybatch[examples]"' in airflow and '"torch==${TORCH_VERSION}"' in airflow
+    assert '"/opt/raybatch[examples,amazon]"' in airflow and '"torch==${TORCH_VERSION}"' in airflow
 
 
 def test_ray_connection_env_matches_the_hook_fields(compose):
