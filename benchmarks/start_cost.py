@@ -22,8 +22,6 @@ Also the planner alone over all the files (``planning_cost.py``'s measure) in se
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import math
 import shutil
 import sys
@@ -34,6 +32,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.storage import resolve
 from benchmarks.common import (
     BEFORE_SCALE_OUT,
@@ -57,14 +56,6 @@ def subset(folder: Path, files: int) -> str:
     """A glob over the first ``files`` (a power of ten) input files."""
     digits = round(math.log10(files))
     return str(folder / f"part-{'0' * (FILE_DIGITS - digits)}*.parquet")
-
-
-def range_ids(files: int, rows: int) -> list[str]:
-    """The ids the planner gives: the file's relative path hashed, then the row bounds."""
-    return [
-        f"{hashlib.sha1(f'part-{i:0{FILE_DIGITS}d}.parquet'.encode()).hexdigest()[:12]}-{r}-{r + 1}"
-        for i, r in itertools.product(range(files), range(rows))
-    ]
 
 
 def first_range_s(
@@ -102,8 +93,9 @@ def listing(fs: Any, folder: str) -> list[str]:
         return []
 
 
-def commit_all_but_last(url: str, options: dict[str, Any] | None, ids: list[str], version: str) -> None:
-    """Leave the output as a run that committed every range but the last ``LEFT`` left it."""
+def commit_all_but_last(url: str, options: dict[str, Any] | None, version: str) -> None:
+    """Leave the output as a run that committed every range but the last ``LEFT`` of its recorded plan left it."""
+    ids = OutputLedger.open(url, options).load_plan().range_ids()
     fs, root = resolve(url, options)
     for entry in listing(fs, root):
         if Path(entry).name.startswith("part-"):
@@ -154,7 +146,7 @@ def main(argv: list[str] | None = None) -> Results:
     try:
         with provider_at(args.before) as before_package:
             for files in sizes:
-                ids = range_ids(files, rows)
+                ranges = files * rows
                 seconds: dict[tuple[str, str], float] = {}
                 for version, package_root in (("before", before_package), ("after", str(REPO))):
                     output = f"s3://{BUCKET}/{version}-{files}" if args.s3 else str(args.work_dir / f"start-{version}")
@@ -174,24 +166,24 @@ def main(argv: list[str] | None = None) -> Results:
                         "package_root": package_root,
                         "fresh_output": False,
                     }
-                    until_plan = len(ids) > args.fresh_max_ranges
+                    until_plan = ranges > args.fresh_max_ranges
                     fresh = "fresh, to its plan" if until_plan else "fresh"
                     seconds[fresh, version] = first_range_s(params, root, fs, env, until_plan)
-                    commit_all_but_last(output, options, ids, version)
+                    commit_all_but_last(output, options, version)
                     seconds["resume", version] = first_range_s(params, root, fs, env)
                     for case in (fresh, "resume"):
                         results.add(
                             files=files,
-                            ranges=len(ids),
+                            ranges=ranges,
                             case=case,
-                            committed=len(ids) - LEFT if case == "resume" else 0,
+                            committed=ranges - LEFT if case == "resume" else 0,
                             version=version,
                             seconds=round(seconds[case, version], 2),
                         )
                     fs.rm(root, recursive=True)
                 for case in (fresh, "resume"):
                     results.check(
-                        f"{len(ids):,} ranges, {case}: first range, before / after (x faster)",
+                        f"{ranges:,} ranges, {case}: first range, before / after (x faster)",
                         ratio(seconds[case, "before"], seconds[case, "after"]),
                         "(report)",
                         None,

@@ -118,12 +118,12 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         # An existing cluster: what execute() does once the hook resolved a connection's address.
         import ray
 
+        from airflow_provider_raybatch.pipeline.ray_runtime import python_path_runtime_env
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 
         # The job's workers import the provider this process imports (another commit's, with
         # package_root), not the one on the cluster nodes' own PYTHONPATH.
-        python_path = os.pathsep.join(path for path in sys.path if path and os.path.isdir(path))
-        ray.init(address=p["ray_address"], runtime_env={"env_vars": {"PYTHONPATH": python_path}})
+        ray.init(address=p["ray_address"], runtime_env=python_path_runtime_env())
         summary = run_batch_inference(task.build_config(context), ray_address=p["ray_address"]).to_dict()
     else:
         summary = task.execute(context)

@@ -42,6 +42,8 @@ STORES: dict[str, Store] = {
     "az": AZURE,
 }
 
+#: The keys of store-keyed storage options.
+CANONICAL = frozenset(store.scheme for store in STORES.values())
 LOCAL_SCHEMES = ("file", "local")
 
 
@@ -73,5 +75,4 @@ def options_for(path: str, storage_options: dict | None) -> dict:
 
 def is_keyed(storage_options: dict) -> bool:
     """True when the options are keyed by store scheme (no filesystem takes an option named s3, gs or abfs)."""
-    canonical = {s.scheme for s in STORES.values()}
-    return bool(storage_options) and all(k in canonical and isinstance(v, dict) for k, v in storage_options.items())
+    return bool(storage_options) and all(k in CANONICAL and isinstance(v, dict) for k, v in storage_options.items())
