@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from airflow_provider_raybatch.pipeline.local_ray import (
     LocalRaySettings,
@@ -18,6 +19,11 @@ from airflow_provider_raybatch.pipeline.local_ray import (
 from airflow_provider_raybatch.pipeline.reaper import start_reaper
 
 log = logging.getLogger(__name__)
+
+
+def python_path_runtime_env() -> dict[str, Any]:
+    """A runtime_env giving Ray's workers this process's ``sys.path``, so what imports here imports there."""
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}}
 
 
 @contextmanager
@@ -45,7 +51,7 @@ def ray_session(
     if ray.is_initialized():
         yield
         return
-    python_path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    python_path = python_path_runtime_env()["env_vars"]["PYTHONPATH"]
     if address is not None:
         log.info("Connecting to Ray at %s", address)
         ray.init(address=address, configure_logging=False, namespace=namespace)
@@ -65,7 +71,7 @@ def ray_session(
     try:
         ray.init(
             include_dashboard=False,
-            runtime_env={"env_vars": {"PYTHONPATH": python_path}},
+            runtime_env=python_path_runtime_env(),
             configure_logging=False,
             namespace=namespace,
         )
