@@ -89,7 +89,7 @@ def per_task(args, results: Results) -> None:
 
 def shared_warm(args, results: Results) -> None:
     """The same task on the host's shared Ray, warm: the first run (untimed) starts it."""
-    from airflow_provider_raybatch.pipeline.local_ray import stop_shared_heads
+    from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
 
     base = tempfile.mkdtemp(prefix="rbw", dir="/tmp")  # short: Ray's socket paths are length-limited
     env = {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": base}

@@ -38,7 +38,7 @@ os.environ.setdefault("RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S", "60")
 def _stop_shared_ray():
     """No shared head outlives the session."""
     yield
-    from airflow_provider_raybatch.pipeline.local_ray import stop_shared_heads
+    from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
 
     stop_shared_heads(os.environ["RAYBATCH_LOCAL_RAY_DIR"])
     if _SHARED_RAY_DIR is not None:

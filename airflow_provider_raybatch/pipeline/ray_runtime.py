@@ -10,13 +10,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.local_ray import (
-    LocalRaySettings,
-    join_shared_head,
-    restore_auth,
-    use_head_token,
-)
 from airflow_provider_raybatch.pipeline.reaper import start_reaper
+from airflow_provider_raybatch.pipeline.shared_ray.auth import restore_auth, use_head_token
+from airflow_provider_raybatch.pipeline.shared_ray.head import join_shared_head
+from airflow_provider_raybatch.pipeline.shared_ray.prestart import prestart_job_workers
+from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +32,7 @@ def ray_session(
 
     With no address the pipeline runs on a local Ray whose workers get this process's
     ``sys.path``, so predictors importable here (a DAG folder module, a test module) are
-    importable there too. By default (``shared``, see :mod:`.local_ray`) that is the host's warm
+    importable there too. By default (``shared``, see :mod:`.shared_ray`) that is the host's warm
     shared Ray, started by the first task that needs it and stopped when idle; this task is a
     driver of its own job there, its workers get its environment, and at the end it only
     disconnects (Ray ends its job's workers, also when this process is SIGKILLed).
@@ -46,13 +44,14 @@ def ray_session(
     :param namespace: the Ray namespace to join.
     :param local: how to get a local Ray; None: from the environment (:meth:`.LocalRaySettings.from_env`).
     """
-    import ray
-
-    if ray.is_initialized():
+    # Not imported before it is needed: the shared Ray's token is set in the environment Ray reads at import.
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
         yield
         return
-    python_path = python_path_runtime_env()["env_vars"]["PYTHONPATH"]
     if address is not None:
+        import ray
+
         log.info("Connecting to Ray at %s", address)
         ray.init(address=address, configure_logging=False, namespace=namespace)
         with _shutdown_after():
@@ -60,12 +59,14 @@ def ray_session(
         return
     local = local or LocalRaySettings.from_env()
     if local.shared:
-        with _shared_session(local, python_path, namespace):
+        with _shared_session(local, namespace):
             yield
         return
     if local.mode == "shared":
         log.info("A shared local Ray needs Linux: starting one for this task")
     log.info("Starting an embedded local Ray for this task")
+    import ray
+
     # Before ray.init: a kill during the start (seconds) must not leave processes either.
     reaper = start_reaper()
     try:
@@ -88,18 +89,18 @@ def ray_session(
 
 
 @contextmanager
-def _shared_session(local: LocalRaySettings, python_path: str, namespace: str | None) -> Iterator[None]:
-    import ray
-
+def _shared_session(local: LocalRaySettings, namespace: str | None) -> Iterator[None]:
     started = time.monotonic()
     client = join_shared_head(local)
     try:
-        saved = use_head_token(client)
+        saved = use_head_token(client.token_path)
         try:
             joined = time.monotonic()
+            import ray
+
             ray.init(
                 address=client.address,
-                runtime_env=client.runtime_env(python_path),
+                runtime_env=client.runtime_env(python_path_runtime_env()),
                 configure_logging=False,
                 namespace=namespace,
             )
@@ -110,6 +111,7 @@ def _shared_session(local: LocalRaySettings, python_path: str, namespace: str | 
                 joined - started,
             )
             with _shutdown_after():
+                warming = prestart_job_workers()  # noqa: F841 (kept: see its module)
                 yield
         finally:
             restore_auth(saved)

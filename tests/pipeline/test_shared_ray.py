@@ -15,13 +15,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
-from airflow_provider_raybatch.pipeline.local_ray import (
-    LocalRaySettings,
-    head_dir,
-    head_processes,
-    read_record,
-    stop_shared_heads,
-)
+from airflow_provider_raybatch.pipeline.shared_ray.folder import read_record
+from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
+from airflow_provider_raybatch.pipeline.shared_ray.processes import head_processes
+from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings, head_dir
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc")
 

@@ -1,0 +1,32 @@
+"""A warm local Ray shared by the embedded tasks of one host, stopped when idle.
+
+Starting a local Ray costs ~5 s and stopping it ~1.7 s, and two tasks on one host that each
+start one both claim every CPU and GPU. In ``shared`` mode (the default) the first embedded task
+of a host starts a head that outlives it, and later tasks connect to it as drivers of their own
+Ray job in well under a second. Everything lives in one folder per user, Ray version and Python
+environment (:func:`.settings.head_dir`)::
+
+    lock              flock: deciding to start, replace, join or stop the head is serialised
+    head.json         the running head: address, versions, monitor and head pids
+    token             the head's auth token (0600; Ray's token auth)
+    clients/<id>.lock held with flock by each task while it is connected; <id>.env its environment
+    monitor.log, head.log
+    r/                Ray's temp dir (session_*)
+
+The head is ``ray start --head --block`` run by a small stdlib-only **monitor**
+(:mod:`.monitor`, detached from the task). The monitor stops the head once no client lock has
+been held for the idle timeout, and clears the record if the head dies. Idleness is read from
+the client locks, not from Ray: the kernel releases a SIGKILLed task's lock, the check needs no
+dashboard (Ray's state API does) and no private GCS client, and the monitor is no Ray driver
+that would keep the head busy itself.
+
+A task's workers get its environment like workers of a per-task Ray do (whose raylet inherits
+the task's environment): see :mod:`.client`.
+
+Modules: :mod:`.settings` (the mode and its environment variables, the folder's name),
+:mod:`.folder` (lock, record, client locks), :mod:`.processes` (telling the head's processes
+apart, stopping them), :mod:`.client` (a connected task, its workers' environment),
+:mod:`.head` (the task's side: join, start, replace, stop), :mod:`.monitor` (the detached
+monitor), :mod:`.auth` (presenting the head's token), :mod:`.prestart` (the job's workers
+started while the task plans).
+"""

@@ -1,0 +1,52 @@
+"""Presenting the shared head's token: Ray's token auth, whose settings Ray reads at import."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+_AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
+
+
+def use_head_token(token_path: Path) -> dict[str, str | None]:
+    """Make this process present the token in ``token_path``; return the variables it replaced,
+    for :func:`restore_auth`.
+
+    Ray's public way is its environment (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN_PATH``), read
+    once, when Ray is imported: a task that has not imported Ray yet (the operator and the
+    runner import it only to connect) needs nothing else.
+    """
+    saved = {k: os.environ.get(k) for k in _AUTH_VARIABLES}
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
+    if "ray" in sys.modules:
+        _reread_ray_auth_settings()
+    return saved
+
+
+def restore_auth(saved: Mapping[str, str | None]) -> None:
+    """Put back what :func:`use_head_token` replaced (a process may connect to another Ray next)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if "ray" in sys.modules:
+        _reread_ray_auth_settings()
+
+
+def _reread_ray_auth_settings() -> None:
+    """Make an already imported Ray read ``RAY_AUTH_*`` again.
+
+    Ray 2.60 has no public call for this: it caches its settings (``RayConfig``) and the token when
+    it is imported. This is what ``ray.init`` itself does when it turns token auth on for a new
+    local cluster (``ray._private.authentication.authentication_token_setup``); the only private
+    Ray API the shared Ray uses, called only where Ray was imported before the settings changed.
+    """
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

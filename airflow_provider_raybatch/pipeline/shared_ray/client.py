@@ -1,0 +1,110 @@
+"""A task connected to the shared head, and its environment for its workers.
+
+A task's workers get its environment like workers of a per-task Ray do (whose raylet inherits
+the task's environment): ``PYTHONPATH`` (the task's ``sys.path``), ``PATH`` and the ``LD_*`` and
+``PYTHON*`` variables, read when a process starts, travel in the job's ``runtime_env``; the rest
+is written to ``clients/<id>.env`` (0600) and applied by a ``worker_process_setup_hook`` as each
+worker starts, so that secrets in the task's environment never reach Ray's job table or the
+runtime-env agent's log, which prints every job's ``runtime_env``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_raybatch.pipeline.shared_ray.folder import private_dir
+
+#: In a job's runtime_env: the file holding the task's environment, for :func:`apply_job_environment`.
+JOB_ENV_FILE_ENV = "RAYBATCH_JOB_ENV"
+SETUP_HOOK = "airflow_provider_raybatch.pipeline.shared_ray.client.apply_job_environment"
+
+# Variables a worker reads when it starts: set in the job's runtime_env (none is a secret).
+_AT_START = re.compile(r"^(PATH|LD_[A-Z_]+|PYTHON[A-Z_]*)$")
+# Variables Ray sets per process (device visibility, its own settings), or the shell's.
+_RAY_OWNED = re.compile(r"^(RAY_.*|__RAY.*|.*_VISIBLE_DEVICES|.*_VISIBLE_CORES|PWD|OLDPWD|SHLVL|_)$")
+
+# Client locks of this process: a child forked (not exec'd) from the task would hold them too.
+_client_fds: set[int] = set()
+
+
+def _close_client_fds_in_child() -> None:
+    for fd in _client_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _client_fds.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_client_fds_in_child)
+
+
+class SharedRayClient:
+    """A task's registration with the shared head: a held lock, and its environment for its workers."""
+
+    def __init__(self, root: Path, record: dict[str, Any]) -> None:
+        self.root, self.record = root, record
+        self.id = f"{os.getpid()}-{secrets.token_hex(4)}"
+        folder = root / "clients"
+        private_dir(folder)
+        self.lock_path, self.env_path = folder / f"{self.id}.lock", folder / f"{self.id}.env"
+        env = {k: v for k, v in os.environ.items() if not _RAY_OWNED.match(k)}
+        fd = os.open(self.env_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(env, f)
+        # Locked before it gets its name: the monitor never sees an unlocked client file.
+        tmp = folder / f".{self.id}"
+        self._fd: int | None = os.open(tmp, os.O_RDONLY | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        os.replace(tmp, self.lock_path)
+        _client_fds.add(self._fd)
+
+    @property
+    def address(self) -> str:
+        return self.record["address"]
+
+    @property
+    def token_path(self) -> Path:
+        return self.root / "token"
+
+    def runtime_env(self, base: dict[str, Any]) -> dict[str, Any]:
+        """The job's runtime_env: ``base`` (the task's ``sys.path``), what a worker reads at start,
+        and where the rest of the task's environment is."""
+        env_vars = {k: v for k, v in os.environ.items() if _AT_START.match(k)}
+        env_vars.update(base.get("env_vars", {}))
+        env_vars[JOB_ENV_FILE_ENV] = str(self.env_path)
+        return {**base, "env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        for path in (self.env_path, self.lock_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        _client_fds.discard(fd)
+        os.close(fd)
+
+
+def apply_job_environment() -> None:
+    """The workers' setup hook: the task's environment, as a worker of its own Ray would inherit it.
+
+    Variables Ray sets per worker (``RAY_*``, ``CUDA_VISIBLE_DEVICES``...) keep Ray's values.
+    """
+    path = os.environ.get(JOB_ENV_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path) as f:
+            env = json.load(f)
+    except (OSError, ValueError):
+        return  # the task ended: this worker is about to be ended with its job
+    for key, value in env.items():
+        if not _RAY_OWNED.match(key) and not _AT_START.match(key):
+            os.environ[key] = value

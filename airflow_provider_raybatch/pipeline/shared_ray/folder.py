@@ -1,0 +1,100 @@
+"""The shared Ray's folder: its lock, the head's record, the connected tasks' client locks."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+RECORD_FORMAT = 1
+START_TIMEOUT_S = 150.0  # per attempt: a 2-core machine under a load of 30 took 47 s
+START_ATTEMPTS = 3
+_LOCK_TIMEOUT_S = START_ATTEMPTS * START_TIMEOUT_S + 60
+
+
+def private_dir(path: Path) -> None:
+    """Create ``path`` (0700) or check an existing one is ours and private (another user's, or a
+    link planted in a shared /tmp, would hand our processes and token to them)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or info.st_uid != os.getuid():
+        raise RuntimeError(f"{path} is not a folder owned by this user: refusing to use it for the shared Ray")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+
+
+@contextlib.contextmanager
+def locked(root: Path, timeout_s: float = _LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the folder's lock: starting, replacing, joining and stopping the head are serialised."""
+    # Read-only: a process holding a writable file under the folder would look like the head's.
+    fd = os.open(root / "lock", os.O_RDONLY | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"waited {timeout_s:.0f} s for the shared Ray's lock {root / 'lock'}") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_record(root: Path) -> dict[str, Any] | None:
+    """The running head's record (``head.json``), or None."""
+    try:
+        return json.loads((root / "head.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_record(root: Path, record: Mapping[str, Any]) -> None:
+    tmp = root / f"head.json.{os.getpid()}"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, root / "head.json")
+
+
+def remove_record(root: Path, monitor_pid: int | None = None) -> None:
+    """Remove the record (only if it is still the one of ``monitor_pid``, when given)."""
+    record = read_record(root)
+    if record is not None and (monitor_pid is None or record.get("monitor_pid") == monitor_pid):
+        with contextlib.suppress(FileNotFoundError):
+            (root / "head.json").unlink()
+
+
+def live_clients(root: Path) -> int:
+    """Client locks held by a live task; a released one (its task ended or was killed) is removed."""
+    folder = root / "clients"
+    count = 0
+    for path in folder.glob("*.lock"):
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            count += 1
+            continue
+        finally:
+            os.close(fd)
+        for leftover in (path, path.with_suffix(".env")):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+    return count
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a log ('' if there is none)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
