@@ -13,7 +13,6 @@ from typing import Any
 from airflow_provider_raybatch.pipeline.reaper import start_reaper
 from airflow_provider_raybatch.pipeline.shared_ray.auth import restore_auth, use_head_token
 from airflow_provider_raybatch.pipeline.shared_ray.head import join_shared_head
-from airflow_provider_raybatch.pipeline.shared_ray.prestart import prestart_job_workers
 from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings
 
 log = logging.getLogger(__name__)
@@ -111,7 +110,6 @@ def _shared_session(local: LocalRaySettings, namespace: str | None) -> Iterator[
                 joined - started,
             )
             with _shutdown_after():
-                warming = prestart_job_workers()  # noqa: F841 (kept: see its module)
                 yield
         finally:
             restore_auth(saved)

@@ -14,14 +14,13 @@ API, with Airflow's production metadata database: a PostgreSQL server of its own
    written once, one asset event for the run.
 
 Cron scheduling is off (``use_job_schedule=False``) so that only the runs the test creates
-exist. Every process started here is stopped at the end, including any Ray left by a
-killed task (found by its private RAY_TMPDIR), and then the PostgreSQL server.
+exist. Every process started here is stopped at the end, the host's shared Ray that the tasks
+used (in a folder of this test's own) included, and then the PostgreSQL server.
 
-Two tasks at once on a 2-core machine: each starts its own embedded Ray, which sees both cores;
-the task's one model replica takes one CPU of it and leaves the other to the read and write
-tasks, so neither Ray waits for resources (the cores are shared by the OS, not by Ray). The
-``raybatch_gpu`` pool (2 slots), the DAG's ``max_active_runs=2`` and ``max_active_tis_per_dag=2``
-keep it at two.
+The tasks run on the host's shared local Ray (the default): the first task starts it, the others
+connect to it, a killed try's retry finds it warm. Two tasks at once on a 2-core machine share
+its CPUs. The ``raybatch_gpu`` pool (2 slots), the DAG's ``max_active_runs=2`` and
+``max_active_tis_per_dag=2`` keep it at two.
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ import httpx
 import pytest
 
 from airflow_provider_raybatch.examples import digits
+from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
 from tests.conftest import free_port
 from tests.data import assert_output_sound
 from tests.postgres import PostgresServer, postgres_server
@@ -93,7 +93,8 @@ class Airflow:
                 process.wait(timeout=max(deadline - time.monotonic(), 0.1))
             _signal_group(process, signal.SIGKILL)
             process.wait()
-        # Embedded Rays of tasks that were killed are no children of ours any more.
+        stop_shared_heads(self.env["RAYBATCH_LOCAL_RAY_DIR"])
+        # Rays of tasks that were killed are no children of ours any more.
         subprocess.run(["pkill", "-9", "-f", self.env["RAY_TMPDIR"]], check=False)
         self.api.close()
         for folder in (self.env["RAY_TMPDIR"], self.home):
@@ -190,6 +191,9 @@ def _airflow(database: PostgresServer) -> Iterator[Airflow]:
         "RAYBATCH_TEST_CRASH_ONCE": str(home / "crash-armed"),
         "RAYBATCH_RECORD_INTERVAL_S": "0",  # each range recorded alone: the crash follows exactly one
         "RAY_TMPDIR": ray_tmp,
+        # The shared local Ray (the default mode), in this test's folder: stopped with this Airflow.
+        "RAYBATCH_LOCAL_RAY": "shared",
+        "RAYBATCH_LOCAL_RAY_DIR": ray_tmp,
     }
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"], env=env, cwd=home, check=True, capture_output=True
@@ -243,6 +247,9 @@ def test_a_killed_first_try_is_retried_by_airflow_and_resumes(airflow):
     assert f"2 of 3 ranges to process ({summary['rows_processed']} rows); 1 already committed" in second
     assert "Committed 3/3 ranges, 597/597 rows, " in second and "s left" in second
     assert "\u2588" not in second  # no progress bars in task logs
+    # Both tries ran on the host's shared Ray: the first started it, the retry found it warm.
+    assert "Starting the shared local Ray" in first and "Connected to the shared local Ray" in first
+    assert "Connected to the shared local Ray" in second and "Starting the shared local Ray" not in second
 
     # The asset event of the successful try carries its summary.
     events = airflow.call("GET", "/assets/events", params={"source_dag_id": DAG_ID, "source_run_id": "e2e_retry"})

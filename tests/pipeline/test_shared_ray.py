@@ -32,7 +32,8 @@ import json, logging, os, subprocess, sys, time
 logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
 import ray
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
-busy, release = sys.argv[1] == "busy", sys.argv[2]
+mode, release = sys.argv[1], sys.argv[2]
+busy = mode == "busy"
 
 @ray.remote
 def probe():
@@ -47,7 +48,7 @@ class Busy:
 started = time.monotonic()
 with ray_session():
     connect_s = time.monotonic() - started
-    seen = ray.get(probe.remote())
+    seen = None if mode == "idle" else ray.get(probe.remote())
     if busy:
         actor = Busy.remote()
         actor.work.remote()
@@ -92,10 +93,12 @@ def shared():
 class Task:
     """A task process on the shared Ray."""
 
-    def __init__(self, env: dict[str, str], mark: str, busy: bool = False, release: Path | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], mark: str, busy: bool = False, release: Path | None = None, mode: str = "probe"
+    ) -> None:
         self.release = release
         self.process = subprocess.Popen(
-            [sys.executable, "-c", TASK, "busy" if busy else "probe", str(release or "")],
+            [sys.executable, "-c", TASK, "busy" if busy else mode, str(release or "")],
             env={**env, "RAYBATCH_TEST_MARK": mark},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

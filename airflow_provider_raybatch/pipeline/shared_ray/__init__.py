@@ -27,6 +27,5 @@ Modules: :mod:`.settings` (the mode and its environment variables, the folder's 
 :mod:`.folder` (lock, record, client locks), :mod:`.processes` (telling the head's processes
 apart, stopping them), :mod:`.client` (a connected task, its workers' environment),
 :mod:`.head` (the task's side: join, start, replace, stop), :mod:`.monitor` (the detached
-monitor), :mod:`.auth` (presenting the head's token), :mod:`.prestart` (the job's workers
-started while the task plans).
+monitor), :mod:`.auth` (presenting the head's token).
 """
