@@ -273,3 +273,22 @@ def test_hadolint_finds_no_error(name):
         ["hadolint", "--failure-threshold", "error", str(DOCKER / name)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_stand_in_bases_cover_every_base_image_and_stay_in_the_test_tree(compose):
+    """tests/docker builds stand-ins for the official bases (no registry there): one per image the
+    project's Dockerfiles and compose file name, and none of them used from docker/."""
+    from tests.docker.images import STANDINS, standin_tags
+
+    tags = standin_tags()
+    assert tags == {
+        "airflow": "apache/airflow:3.3.2-python3.11",
+        "ray": "rayproject/ray:2.60.0-py311",
+        "postgres": compose["services"]["postgres"]["image"],
+        "minio": interpolate(compose["services"]["minio"]["image"], {}),
+    }
+    for name in [*tags, "base"]:
+        assert (STANDINS / name / "Dockerfile").is_file(), name
+    for path in [*DOCKER.glob("*Dockerfile"), DOCKER / "compose.yaml"]:
+        assert "standin" not in path.read_text(), f"{path.name} must not use the tests' stand-ins"
+    assert "stand-in" in (DOCKER / "README.md").read_text() and "stand-in" in (REPO / "README.md").read_text()
