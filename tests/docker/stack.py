@@ -163,19 +163,24 @@ class ComposeStack:
         )
 
 
+def secret(size: int) -> str:
+    """A random secret that never starts with "-" (a CLI would read it as an option)."""
+    return "s" + secrets.token_urlsafe(size)
+
+
 def start_stack(engine: Engine, workdir: Path) -> ComposeStack:
     """Build the images (stand-ins once per machine, the project's on top) and start the stack."""
     timings: list[str] = []
     images.ensure_standins(engine, timings)
     images.build_project_images(engine, timings)
     settings = {
-        "RAY_AUTH_TOKEN": secrets.token_urlsafe(24),
-        "POSTGRES_PASSWORD": secrets.token_urlsafe(16),
-        "AIRFLOW_JWT_SECRET": secrets.token_urlsafe(32),
+        "RAY_AUTH_TOKEN": secret(24),
+        "POSTGRES_PASSWORD": secret(16),
+        "AIRFLOW_JWT_SECRET": secret(32),
         "AIRFLOW_ADMIN_USER": "admin",
-        "AIRFLOW_ADMIN_PASSWORD": secrets.token_urlsafe(16),
+        "AIRFLOW_ADMIN_PASSWORD": secret(16),
         "MINIO_ROOT_USER": "raybatch",
-        "MINIO_ROOT_PASSWORD": secrets.token_urlsafe(16),
+        "MINIO_ROOT_PASSWORD": secret(16),
         "RAYBATCH_DEMO_DATE": DEMO_DATE,
         "BIND_ADDRESS": "127.0.0.1",
         "AIRFLOW_PORT": str(free_port()),
