@@ -13,12 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
 
+from airflow_provider_raybatch.pipeline.schemes import store_of
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
 def default_asset(output_path: str) -> Asset | None:
     """The Asset of an output's static prefix: ``file:///data/preds`` for ``/data/preds/{{ ds }}/``.
+
+    Object stores keep their bucket or container and get their canonical scheme: ``s3://b/preds``,
+    ``gs://b/preds`` (also for ``gcs://``), ``abfs://container/preds`` (also for ``az://``, ``abfss://``).
 
     None when there is no usable static part (a relative path, or a template in the bucket).
     """
@@ -33,7 +38,8 @@ def default_asset(output_path: str) -> Asset | None:
         bucket = rest.split("/", 1)[0]
         if not bucket:
             return None
-        return Asset(uri=f"{scheme}://{rest}")
+        store = store_of(static)
+        return Asset(uri=f"{store.scheme if store else scheme}://{rest}")
     if not static.startswith("/") or not posixpath.normpath(static).strip("/"):
         return None
     return Asset(uri=f"file://{posixpath.normpath(static)}")

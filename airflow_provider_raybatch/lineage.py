@@ -10,12 +10,16 @@ import posixpath
 from typing import Any
 from urllib.parse import urlsplit
 
+from airflow_provider_raybatch.pipeline.schemes import store_of
 from airflow_provider_raybatch.pipeline.storage import GLOB_CHARS
 
 
 def dataset_name(path: str) -> tuple[str, str]:
     """(namespace, name) of a path: ``("file", "/data/in")``, ``("s3://bucket", "in/2026-11-20")``.
 
+    Object stores get their canonical scheme (``s3a://`` is ``s3://``, ``gcs://`` is ``gs://``,
+    ``az://`` and ``abfss://`` are ``abfs://``) and the bucket or container (with its account, when
+    the URL names it: ``abfs://container@account.dfs.core.windows.net``) as the namespace.
     A glob names the folder before its first wildcard; trailing slashes are dropped.
     """
     cut = min((path.find(c) for c in GLOB_CHARS if c in path), default=-1)
@@ -26,7 +30,8 @@ def dataset_name(path: str) -> tuple[str, str]:
     parts = urlsplit(path)
     if parts.scheme in ("file", "local"):
         return "file", posixpath.normpath(parts.path or "/")
-    scheme = "s3" if parts.scheme in ("s3", "s3a", "s3n") else parts.scheme
+    store = store_of(path)
+    scheme = store.scheme if store else parts.scheme
     return f"{scheme}://{parts.netloc}", parts.path.strip("/") or "/"
 
 

@@ -20,7 +20,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,14 @@ ROW_GROUP_ROWS = 100_000
 BATCH_SIZE = 4096
 THREADS = os.cpu_count() or 1
 MIN_COMMITS_FOR_RATE = 5  # fewer commits arrive too close together to give a meaningful rate
+#: The last commit whose driver received every row and wrote every range file, with a ledger of
+#: one record per range and a plan listing every range: "before" in the scale-out benchmarks.
+BEFORE_SCALE_OUT = "b0ef868"
+#: Daft's own environment (``make daft-env``, from benchmarks/daft-requirements.txt): Daft 0.7
+#: requires pyarrow < 26 and the project pins 26, so its variant runs with this interpreter
+#: (``RAYBATCH_DAFT_PYTHON`` names another).
+DAFT_PYTHON = Path(os.environ.get("RAYBATCH_DAFT_PYTHON") or REPO / ".venv-daft" / "bin" / "python")
+DAFT_ENV_HINT = "create it with `make daft-env` (a venv from benchmarks/daft-requirements.txt, ~100 MB to download)"
 
 
 # --- input ------------------------------------------------------------------------------------
@@ -95,6 +104,24 @@ def moto_s3(bucket: str) -> tuple[dict[str, Any], Any]:
     return options, server
 
 
+@contextmanager
+def provider_at(commit: str) -> Iterator[str]:
+    """A folder holding the provider package as it was at ``commit`` (in a temporary git worktree).
+
+    Put it first on a child's ``sys.path`` (the ``package_root`` parameter of the variants): only
+    the provider comes from the earlier commit, the benchmark's own code stays this checkout's.
+    """
+    with tempfile.TemporaryDirectory(prefix="rbb-before-") as tmp:
+        tree, package_root = Path(tmp) / "tree", Path(tmp) / "package"
+        subprocess.run(["git", "worktree", "add", "--detach", tree, commit], cwd=REPO, check=True)
+        try:
+            package_root.mkdir()
+            (package_root / "airflow_provider_raybatch").symlink_to(tree / "airflow_provider_raybatch")
+            yield str(package_root)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=REPO, check=False)
+
+
 # --- runs in child processes ------------------------------------------------------------------
 
 
@@ -150,9 +177,20 @@ class TreeMemory:
 
 
 class VariantRun:
-    """One variant running in a child process with a private Ray temp dir."""
+    """One variant running in a child process with a private Ray temp dir.
 
-    def __init__(self, variant: str, params: dict[str, Any], env: dict[str, str] | None = None, pss: bool = False):
+    ``python``: the child's interpreter, this one's by default (another venv's for a variant
+    whose dependencies cannot live beside the project's, such as ``daft``).
+    """
+
+    def __init__(
+        self,
+        variant: str,
+        params: dict[str, Any],
+        env: dict[str, str] | None = None,
+        pss: bool = False,
+        python: str | Path | None = None,
+    ):
         # Short path: Ray's socket paths are length-limited.
         self.ray_tmp = tempfile.mkdtemp(prefix="rbb", dir="/tmp")
         child_env = {
@@ -170,8 +208,9 @@ class VariantRun:
         self.load_at_start = load_average()
         self.log_path = Path(self.ray_tmp) / "child.log"
         self.log = open(self.log_path, "w+")  # noqa: SIM115 - closed in finish()
+        self.spawned = time.perf_counter()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.variants", variant, json.dumps(params)],
+            [str(python or sys.executable), "-m", "benchmarks.variants", variant, json.dumps(params)],
             cwd=REPO,
             env=child_env,
             stdout=self.log,
@@ -187,6 +226,8 @@ class VariantRun:
         """Wait for the child, clean up what it left, return its result (with memory peaks)."""
         try:
             returncode = self.process.wait(timeout=timeout_s)
+            # The child's whole life: interpreter start, every import, the run, its exit.
+            process_s = time.perf_counter() - self.spawned
         finally:
             self.memory.__exit__()
             # Safety net: a SIGKILLed driver's reaper ends its Ray; end anything still running
@@ -195,7 +236,11 @@ class VariantRun:
         self.log.seek(0)
         output = self.log.read()
         self.log.close()
-        result: dict[str, Any] = {"returncode": returncode, "load_avg": self.load_at_start}
+        result: dict[str, Any] = {
+            "returncode": returncode,
+            "load_avg": self.load_at_start,
+            "process_s": round(process_s, 3),
+        }
         for line in output.splitlines():
             if line.startswith("RESULT "):
                 result.update(json.loads(line[len("RESULT ") :]))
@@ -262,10 +307,14 @@ def kill_ray_leftovers(ray_tmp: str) -> list[int]:
 
 
 def run_variant(
-    variant: str, params: dict[str, Any], env: dict[str, str] | None = None, pss: bool = False
+    variant: str,
+    params: dict[str, Any],
+    env: dict[str, str] | None = None,
+    pss: bool = False,
+    python: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Run one variant to completion in a child process and return its result."""
-    return VariantRun(variant, params, env, pss).finish()
+    """Run one variant to completion in a child process (``python``: its interpreter) and return its result."""
+    return VariantRun(variant, params, env, pss, python).finish()
 
 
 def commit_records(output: Path) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Run every benchmark in turn and gather their tables into ``<out>/all.md``.
 
-python benchmarks/run_all.py            # full sizes: about 10 minutes on 2 quiet cores, 25 under load
+python benchmarks/run_all.py            # full sizes: about 13 minutes on 2 quiet cores, 30 under load
 python benchmarks/run_all.py --quick    # small sizes: checks that everything runs
 """
 

@@ -14,6 +14,10 @@ complete and Ray is shut down.
   ``map_batches(class)`` on numpy batches -> ``write_parquet``.
 - ``handwritten_arrow``: the same with pyarrow batches and a zero-copy tensor view, the fastest
   hand-written Ray Data pipeline we know for this model.
+- ``daft``: Daft's class UDF on its native (local, multi-threaded) runner: ``daft.read_parquet``
+  -> ``select`` of the id and a ``@daft.cls`` batch method's logits -> ``write_parquet``. Daft needs pyarrow < 26,
+  the project pins 26: this one runs with ``.venv-daft``'s interpreter (``make daft-env``), so
+  it imports daft inside its function and this module imports nothing that venv lacks.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from benchmarks.model import FEATURES, MODEL_CLASS, SHAPES, load_model
+from benchmarks.model import FEATURES, MODEL_CLASS, OUTPUTS, SHAPES, load_model
 
 OUTPUT_ROW_GROUP_ROWS = 65_536  # as the operator's writer
 # Arrow buffers are read-only; the model only reads its input, so a zero-copy view is safe.
@@ -112,8 +116,14 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
     driver_bytes = _count_driver_bytes() if p.get("count_driver_bytes") else None
     if p.get("ray_address"):
         # An existing cluster: what execute() does once the hook resolved a connection's address.
+        import ray
+
+        from airflow_provider_raybatch.pipeline.ray_runtime import python_path_runtime_env
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 
+        # The job's workers import the provider this process imports (another commit's, with
+        # package_root), not the one on the cluster nodes' own PYTHONPATH.
+        ray.init(address=p["ray_address"], runtime_env=python_path_runtime_env())
         summary = run_batch_inference(task.build_config(context), ray_address=p["ray_address"]).to_dict()
     else:
         summary = task.execute(context)
@@ -146,8 +156,8 @@ def _count_driver_bytes() -> list[int]:
 class GuidePredictor:
     """As in Ray's batch inference guide: the model built once per actor, numpy batches."""
 
-    def __init__(self, weights_path: str, threads: int):
-        self.model = load_model(weights_path, threads)
+    def __init__(self, weights_path: str, threads: int, shape: dict[str, int]):
+        self.model = load_model(weights_path, threads, **shape)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         # A fixed-size list column arrives as an object array of rows: stack it into a matrix.
@@ -160,8 +170,8 @@ class GuidePredictor:
 class ArrowPredictor:
     """The same model on pyarrow batches, through a zero-copy view of the feature column."""
 
-    def __init__(self, weights_path: str, threads: int):
-        self.model = load_model(weights_path, threads)
+    def __init__(self, weights_path: str, threads: int, shape: dict[str, int]):
+        self.model = load_model(weights_path, threads, **shape)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         x = torch.from_numpy(features_view(batch.column("features")))
@@ -181,7 +191,11 @@ def handwritten(p: dict[str, Any], arrow: bool = False) -> dict[str, Any]:
         ds = ray.data.read_parquet(p["input"], columns=["id", "features"])
         ds = ds.map_batches(
             ArrowPredictor if arrow else GuidePredictor,
-            fn_constructor_kwargs={"weights_path": p["weights"], "threads": p["threads"]},
+            fn_constructor_kwargs={
+                "weights_path": p["weights"],
+                "threads": p["threads"],
+                "shape": SHAPES[p.get("model", "heavy")],
+            },
             batch_size=p["batch_size"],
             batch_format="pyarrow" if arrow else "numpy",
             zero_copy_batch=arrow,
@@ -193,6 +207,43 @@ def handwritten(p: dict[str, Any], arrow: bool = False) -> dict[str, Any]:
         ray.shutdown()
     rows = sum(pq.read_metadata(f).num_rows for f in Path(p["output"]).glob("*.parquet"))
     return {"rows": rows}
+
+
+# --- Daft ------------------------------------------------------------------------------------
+
+
+def daft_udf(p: dict[str, Any]) -> dict[str, Any]:
+    """Daft's documented pattern for a model: a class UDF whose instance holds the model, batch calls.
+
+    Daft's import is inside the clock, as Ray's is for the operator: both are the engine a task
+    would start. One instance of the class (``max_concurrency=1``), the same batch size and torch
+    threads as every variant; Daft picks the rest (in-process or not, its own I/O threads).
+    """
+    import daft
+
+    shape = SHAPES[p.get("model", "heavy")]
+    outputs = shape.get("outputs", OUTPUTS)
+    weights_path, threads = p["weights"], p["threads"]
+
+    @daft.cls(max_concurrency=1)
+    class Scorer:
+        def __init__(self) -> None:
+            self.model = load_model(weights_path, threads, **shape)
+
+        @daft.method.batch(
+            return_dtype=daft.DataType.fixed_size_list(daft.DataType.float32(), outputs), batch_size=p["batch_size"]
+        )
+        def __call__(self, features: daft.Series) -> pa.Array:
+            x = torch.from_numpy(features_view(features.to_arrow()))
+            with torch.inference_mode():
+                logits = self.model(x).numpy()
+            return logits_column(logits)
+
+    df = daft.read_parquet(str(Path(p["input"]) / "*.parquet"))
+    df = df.select("id", Scorer()(df["features"]).alias("logits"))
+    df.write_parquet(p["output"])
+    rows = sum(pq.read_metadata(f).num_rows for f in Path(p["output"]).glob("*.parquet"))
+    return {"rows": rows, "daft_version": daft.__version__}
 
 
 def operator_series(p: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +299,7 @@ VARIANTS = {
     "operator": operator,
     "handwritten": handwritten,
     "handwritten_arrow": lambda p: handwritten(p, arrow=True),
+    "daft": daft_udf,
 }
 
 
@@ -260,6 +312,7 @@ def main(argv: list[str]) -> None:
     if name == "operator":
         import airflow_provider_raybatch.operators.batch_inference  # noqa: F401 - a task process has it loaded
     started_at = time.time()
+    print(f"STARTED {started_at}", flush=True)  # for a parent that kills this run before its result
     started = time.perf_counter()
     result = VARIANTS[name](params)
     wall = time.perf_counter() - started

@@ -9,7 +9,8 @@ ARG AIRFLOW_VERSION
 ARG PYTHON_VERSION
 # Must equal the version in pyproject.toml (tests/test_docker.py checks it; the build checks it too).
 ARG PROVIDER_VERSION=0.1.0
-# The `examples` extra brings the `torch` extra (torch, safetensors). torch from PyPI is a CUDA
+# The `examples` extra brings the `torch` extra (torch, safetensors); `amazon` resolves the stack's
+# `aws_default` connection through the Amazon provider. torch from PyPI is a CUDA
 # build of several GB; the Airflow side needs the CPU build only (embedded Ray runs on the
 # Airflow worker when no `ray` connection is set). The `+cpu` pin takes it from the CPU index;
 # the `torch` extra in pyproject.toml allows torch >=2.13,<2.15.
@@ -31,5 +32,5 @@ RUN pip install --no-cache-dir \
         --constraint "${AIRFLOW_CONSTRAINTS}" \
         "apache-airflow==${AIRFLOW_VERSION}" \
         "torch==${TORCH_VERSION}" \
-        "/opt/raybatch[examples]" \
+        "/opt/raybatch[examples,amazon]" \
     && python -c "import importlib.metadata as m, sys; v = m.version('airflow-provider-raybatch'); sys.exit(0 if v == '${PROVIDER_VERSION}' else f'provider {v} != ${PROVIDER_VERSION}')"

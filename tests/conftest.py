@@ -19,6 +19,9 @@ _AIRFLOW_HOME = os.environ.get("RAYBATCH_TEST_AIRFLOW_HOME") or tempfile.mkdtemp
 os.environ["RAYBATCH_TEST_AIRFLOW_HOME"] = os.environ["AIRFLOW_HOME"] = _AIRFLOW_HOME
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+# gcsfs >= 2026.8 probes each bucket's layout over gRPC first, which an emulator does not speak
+# (60 s per bucket before falling back): the plain JSON API client, as against most endpoints.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +80,41 @@ def s3_server():
 
     options, server = moto_s3("raybatch-test")
     yield options
+    server.stop()
+
+
+def _server_or_skip(start, tmp_path_factory, name: str):
+    """Start a storage server; if it cannot be installed or started: fail in CI, skip locally."""
+    from tests.storage_servers import ServerUnavailable
+
+    try:
+        return start(tmp_path_factory.mktemp(name))
+    except ServerUnavailable as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is required in CI: {e}")
+        pytest.skip(f"{name} unavailable: {e}")
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """gcp-storage-emulator on loopback, plus an OAuth token endpoint for service-account keys."""
+    from tests.storage_servers import TokenEndpoint, gcs_emulator
+
+    server = _server_or_skip(gcs_emulator, tmp_path_factory, "gcs-emulator")
+    tokens = TokenEndpoint()
+    server.extra["token_endpoint"] = tokens
+    yield server
+    tokens.stop()
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory):
+    """Azurite's Blob service on loopback (installed by npm into .cache/azurite on first use)."""
+    from tests.storage_servers import azurite
+
+    server = _server_or_skip(azurite, tmp_path_factory, "azurite")
+    yield server
     server.stop()
 
 

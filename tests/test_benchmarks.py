@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
 
 from tests.conftest import REPO
 
@@ -20,6 +25,8 @@ def test_throughput_script_runs_and_writes_its_results(tmp_path):
             "--variants",
             "plain",
             "operator",
+            "--model",
+            "heavy",
         ]
         + ["--out", str(out), "--work-dir", str(tmp_path / "data"), "--batch-size", "1000"],
         capture_output=True,
@@ -65,3 +72,46 @@ def test_ledger_cost_script_runs(tmp_path):
         ("layout 2, folded", 1),
         ("layout 2, killed", 2),  # 50 records, 30 a segment
     ]
+
+
+def test_throughput_without_daft_env_says_how_to_create_it(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--rows", "3000", "--variants", "daft"]
+        + ["--out", str(tmp_path / "results"), "--work-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAYBATCH_DAFT_PYTHON": str(tmp_path / "no-venv" / "bin" / "python")},
+    )
+    assert run.returncode == 2, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "make daft-env" in run.stderr
+    assert not (tmp_path / "data").exists()  # said before generating anything
+
+
+DAFT_PYTHON = REPO / ".venv-daft" / "bin" / "python"
+
+
+@pytest.mark.skipif(
+    not DAFT_PYTHON.exists() and os.environ.get("CI") != "true",
+    reason="Daft's environment .venv-daft is missing: create it with `make daft-env` (CI's `make test` does)",
+)
+def test_throughput_daft_variant_scores_like_the_plain_loop(tmp_path):
+    # Daft runs with .venv-daft's interpreter (pyarrow 25): the same logits as the plain loop's.
+    out, work = tmp_path / "results", tmp_path / "data"
+    run = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--rows", "3000", "--model", "light"]
+        + ["--variants", "plain", "daft", "--out", str(out), "--work-dir", str(work), "--batch-size", "1000"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((out / "throughput.json").read_text())
+    assert [(r["variant"], r["model"], r["rows"]) for r in results["rows"]] == [
+        ("plain", "light", 3000),
+        ("daft", "light", 3000),
+    ]
+    assert all(r["process_s"] >= r["wall_s"] > 0 for r in results["rows"])
+    plain, daft = (pq.read_table(work / f"out-throughput-{v}").sort_by("id").to_pydict() for v in ("plain", "daft"))
+    assert daft["id"] == plain["id"] == list(range(3000))
+    assert np.allclose(np.array(daft["logits"]), np.array(plain["logits"]), atol=1e-5)

@@ -196,9 +196,10 @@ def test_images_install_the_cluster_dependencies_and_the_torch_extra():
         assert version.endswith("+cpu") and torch_range.contains(version), (
             f"{name}: torch {version} not in {torch_range}"
         )
-    # The Airflow image gets torch through the `examples` extra, pinned to the CPU build in the same install.
+    # The Airflow image gets torch through the `examples` extra, pinned to the CPU build in the same install,
+    # and the Amazon provider that resolves the stack's `aws_default` connection.
     airflow = (DOCKER / "airflow.Dockerfile").read_text()
-    assert '"/opt/raybatch[examples]"' in airflow and '"torch==${TORCH_VERSION}"' in airflow
+    assert '"/opt/raybatch[examples,amazon]"' in airflow and '"torch==${TORCH_VERSION}"' in airflow
 
 
 def test_ray_connection_env_matches_the_hook_fields(compose):
@@ -233,9 +234,11 @@ def test_aws_connection_env_reaches_the_store(compose, monkeypatch):
     minio = service_env(compose, "minio")
     assert any(port.endswith(":9000") for port in compose["services"]["minio"]["ports"])
     assert storage_options("aws_default") == {
-        "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "us-east-1"},
-        "key": minio["MINIO_ROOT_USER"],
-        "secret": minio["MINIO_ROOT_PASSWORD"],
+        "s3": {
+            "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "us-east-1"},
+            "key": minio["MINIO_ROOT_USER"],
+            "secret": minio["MINIO_ROOT_PASSWORD"],
+        }
     }
     # Code reading s3:// without a connection (the example DAG) gets the same store from the env.
     assert env["AWS_ENDPOINT_URL"] == "http://minio:9000"

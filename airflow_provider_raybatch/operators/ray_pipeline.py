@@ -57,7 +57,8 @@ class RayPipelineOperator(BaseOperator):
     A subclass says which stages to run (:meth:`build_stages`); this class plans checkpointed
     row ranges and runs them, and returns the run's summary (to XCom).
 
-    :param input_path: a Parquet file, folder or glob, local or ``s3://`` (templated).
+    :param input_path: a Parquet file, folder or glob: local, ``s3://``, ``gs://``, ``abfs://`` / ``az://``
+        or any fsspec URL (templated).
     :param output_path: the output folder (templated); must not overlap the input.
     :param columns: input columns to read (None: all) (templated).
     :param keep_columns: input columns written to the output (None: every column read) (templated).
@@ -67,9 +68,17 @@ class RayPipelineOperator(BaseOperator):
     :param mode: ``"resume"`` (default) skips committed ranges; ``"overwrite"`` starts the output
         afresh once per DAG run (a retry of the same run resumes) (templated).
     :param ray_conn_id: the ``ray`` connection; no such connection (or None): embedded local Ray.
-    :param aws_conn_id: an Airflow AWS connection whose credentials (and ``endpoint_url``,
-        ``region_name`` extras) are used for ``s3://`` paths by the task; None: the environment's.
-        A job on a cluster never receives them: it uses the cluster's environment.
+    :param aws_conn_id: an Airflow AWS connection for ``s3://`` paths, resolved by the Amazon
+        provider's hook (keys, profile, assumed role, region, endpoint; the ``amazon`` extra);
+        None: the environment's credentials.
+    :param gcp_conn_id: a ``google_cloud_platform`` connection for ``gs://`` paths (the ``google``
+        extra); None: the environment's (application default credentials).
+    :param azure_conn_id: an Azure Blob Storage (``wasb``) connection for ``abfs://`` / ``az://``
+        paths, resolved by the Azure provider's ``WasbHook`` (the ``azure`` extra); None: the
+        environment's (adlfs reads ``AZURE_STORAGE_*`` variables or DefaultAzureCredential).
+        Credentials are resolved by the task before any Ray work (a connection that is missing or
+        yields none fails the task at once, naming it) and given to fsspec only. A job on a
+        cluster never receives them: it uses the cluster's own credentials.
     :param deferrable: on a cluster, wait for the job in the triggerer instead of a worker slot.
     :param poll_interval: seconds between job status checks on a cluster.
     :param max_rows: a smoke run: process only the input's first ``max_rows`` rows (templated).
@@ -125,6 +134,8 @@ class RayPipelineOperator(BaseOperator):
         mode: str = "resume",
         ray_conn_id: str | None = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
+        gcp_conn_id: str | None = None,
+        azure_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 5.0,
         max_rows: int | None = None,
@@ -158,6 +169,8 @@ class RayPipelineOperator(BaseOperator):
         self.mode = mode
         self.ray_conn_id = ray_conn_id
         self.aws_conn_id = aws_conn_id
+        self.gcp_conn_id = gcp_conn_id
+        self.azure_conn_id = azure_conn_id
         self.deferrable = deferrable
         self.poll_interval = poll_interval
         self.submission_id: str | None = None
@@ -185,7 +198,7 @@ class RayPipelineOperator(BaseOperator):
             rows_per_range=self.rows_per_range,
             mode=self.mode,
             run_key=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}",
-            storage_options=storage_options(self.aws_conn_id),
+            storage_options=storage_options(self.aws_conn_id, self.gcp_conn_id, self.azure_conn_id),
             max_rows=self.max_rows,
             max_error_fraction=float(self.max_error_fraction),
             try_number=ti.try_number,

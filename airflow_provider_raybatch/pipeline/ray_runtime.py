@@ -7,10 +7,16 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from airflow_provider_raybatch.pipeline.reaper import start_reaper
 
 log = logging.getLogger(__name__)
+
+
+def python_path_runtime_env() -> dict[str, Any]:
+    """A runtime_env giving Ray's workers this process's ``sys.path``, so what imports here imports there."""
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}}
 
 
 @contextmanager
@@ -32,13 +38,12 @@ def ray_session(address: str | None = None, namespace: str | None = None) -> Ite
     reaper = None
     if address is None:
         log.info("Starting an embedded local Ray")
-        python_path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         # Before ray.init: a kill during the start (seconds) must not leave processes either.
         reaper = start_reaper()
         try:
             ray.init(
                 include_dashboard=False,
-                runtime_env={"env_vars": {"PYTHONPATH": python_path}},
+                runtime_env=python_path_runtime_env(),
                 configure_logging=False,
                 namespace=namespace,
             )

@@ -1,8 +1,8 @@
 """Run a batch inference: prepare, skip committed ranges, stream the rest through Ray Data.
 
 Ray Data reads one task per pending range, runs each stage as an actor pool, and writes each
-block's rows where they are (:func:`.writers.write_block`). This driver receives only the
-written files' metadata and commits a range (:class:`.writers.RangeCommits`) as soon as its
+block's rows where they are (:func:`.block_writer.write_block`). This driver receives only the
+written files' metadata and commits a range (:class:`.range_commits.RangeCommits`) as soon as its
 files hold all its rows.
 """
 
@@ -14,15 +14,16 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.block_writer import write_block, write_step_resources
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
 from airflow_provider_raybatch.pipeline.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
+from airflow_provider_raybatch.pipeline.range_commits import RangeCommits
 from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
 from airflow_provider_raybatch.pipeline.resources import READ_CPUS, check_cluster_resources
 from airflow_provider_raybatch.pipeline.stages import StageWorker, resolve_predictor
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 from airflow_provider_raybatch.pipeline.watchdog import Watchdog
-from airflow_provider_raybatch.pipeline.writers import WRITE_CPUS, RangeCommits, write_block
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ def _stream(
         batch_format="pyarrow",
         zero_copy_batch=True,
         batch_size=None,
-        num_cpus=WRITE_CPUS,
+        **write_step_resources(ray.cluster_resources().get("CPU", 1)),
     )
     with Watchdog(config.progress_timeout, commits.progress, config.stages, ds) as watchdog:
         try:

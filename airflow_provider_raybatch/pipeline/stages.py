@@ -25,7 +25,8 @@ from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, StageError
-from airflow_provider_raybatch.pipeline.planner import InputFile, RowRange
+from airflow_provider_raybatch.pipeline.input_files import InputFile
+from airflow_provider_raybatch.pipeline.planner import RowRange
 from airflow_provider_raybatch.pipeline.tensors import output_to_table, table_to_numpy
 
 INTERNAL_PREFIX = "__raybatch_"

@@ -1,4 +1,5 @@
-"""Filesystem access through fsspec (local paths, ``s3://`` through s3fs, any fsspec protocol)."""
+"""Filesystem access through fsspec: local paths, ``s3://`` (s3fs), ``gs://`` (gcsfs), ``abfs://`` / ``az://``
+(adlfs), any fsspec protocol."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ from typing import Any
 import fsspec
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.schemes import options_for
+
 GLOB_CHARS = "*?["
 
 
 def resolve(path: str, storage_options: dict[str, Any] | None = None) -> tuple[AbstractFileSystem, str]:
     """Return the filesystem for ``path`` and the path as that filesystem spells it.
 
-    ``storage_options`` (credentials, endpoint) apply to remote paths only.
+    ``storage_options`` (credentials, endpoint) apply to remote paths only: one filesystem's options,
+    or options keyed by store (``{"s3": {...}, "gs": {...}}``, see :func:`.schemes.options_for`).
     """
-    remote = fsspec.utils.get_protocol(path) not in ("file", "local")
-    fs, fs_path = fsspec.core.url_to_fs(path, **((storage_options or {}) if remote else {}))
+    fs, fs_path = fsspec.core.url_to_fs(path, **options_for(path, storage_options))
     return fs, fs_path.rstrip("/") or "/"
 
 
@@ -127,7 +130,8 @@ def create_file(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
         fsync(fs, folder)
         return True
     try:
-        # S3 conditional write (If-None-Match: *): refused with 412 if the object exists.
+        # A conditional write, refused if the object exists: S3 and Azure send If-None-Match: *
+        # (s3fs, adlfs), GCS ifGenerationMatch=0 (gcsfs); each raises FileExistsError on refusal.
         fs.pipe_file(path, data, mode="create")
     except FileExistsError:
         return False

@@ -1,9 +1,13 @@
 """The example DAGs on a real Airflow: scheduler, DAG processor, triggerer and API server
-(LocalExecutor, SQLite, a temporary AIRFLOW_HOME) on loopback, driven through the REST API.
+(LocalExecutor with parallelism 4, a temporary AIRFLOW_HOME) on loopback, driven through the REST
+API, with Airflow's production metadata database: a PostgreSQL server of its own on loopback
+(tests/postgres.py), started for this module and stopped at its end.
 
 1. A triggered run whose first try is killed part-way: Airflow's retry processes only the
    remaining ranges and the output holds every row once.
-2. A backfill of three dates: three isolated, complete outputs; a cleared date reruns alone.
+2. A backfill of three dates, two at a time: two dates' tasks run side by side (overlapping
+   start and end times), never three; three isolated outputs, each written once; a cleared date
+   reruns alone.
 3. Bad Params are refused at trigger time naming the parameter; a bad path that passes the
    schema fails the task at once, without retries.
 4. The mapped example DAG: one task instance per partition (pool of 2 slots), one output
@@ -11,12 +15,19 @@
 
 Cron scheduling is off (``use_job_schedule=False``) so that only the runs the test creates
 exist. Every process started here is stopped at the end, including any Ray left by a
-killed task (found by its private RAY_TMPDIR).
+killed task (found by its private RAY_TMPDIR), and then the PostgreSQL server.
+
+Two tasks at once on a 2-core machine: each starts its own embedded Ray, which sees both cores;
+the task's one model replica takes one CPU of it and leaves the other to the read and write
+tasks, so neither Ray waits for resources (the cores are shared by the OS, not by Ray). The
+``raybatch_gpu`` pool (2 slots), the DAG's ``max_active_runs=2`` and ``max_active_tis_per_dag=2``
+keep it at two.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import secrets
 import shutil
@@ -26,6 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +47,7 @@ import pytest
 from airflow_provider_raybatch.examples import digits
 from tests.conftest import free_port
 from tests.data import assert_output_sound
+from tests.postgres import PostgresServer, postgres_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -48,13 +61,14 @@ COMPONENTS = {
     "triggerer": ["triggerer"],
 }
 WAIT_S = 480  # per run: generous, other test suites may share the machine's two cores
+PARALLELISM = 4  # LocalExecutor's task processes at once (AIRFLOW__CORE__PARALLELISM)
 
 
 class Airflow:
     """The running components and a REST client authenticated as admin (simple auth manager)."""
 
-    def __init__(self, home: Path, data: Path, port: int, env: dict[str, str]):
-        self.home, self.data, self.env = home, data, env
+    def __init__(self, home: Path, data: Path, port: int, env: dict[str, str], database: PostgresServer):
+        self.home, self.data, self.env, self.database = home, data, env, database
         self.api = httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v2", timeout=60)
         self.processes: dict[str, subprocess.Popen] = {}
 
@@ -140,6 +154,11 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
 
 @pytest.fixture(scope="module")
 def airflow() -> Iterator[Airflow]:
+    with postgres_server() as database:
+        yield from _airflow(database)
+
+
+def _airflow(database: PostgresServer) -> Iterator[Airflow]:
     home = Path(tempfile.mkdtemp(prefix="rb5-e2e-"))
     data = home / "data"
     digits.train(data / "model" / "digits.safetensors", epochs=150)
@@ -150,8 +169,9 @@ def airflow() -> Iterator[Airflow]:
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": database.url("psycopg2"),
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-        "AIRFLOW__CORE__PARALLELISM": "4",
+        "AIRFLOW__CORE__PARALLELISM": str(PARALLELISM),
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
@@ -174,7 +194,11 @@ def airflow() -> Iterator[Airflow]:
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"], env=env, cwd=home, check=True, capture_output=True
     )
-    instance = Airflow(home, data, port, env)
+    # The schema is in PostgreSQL, and no SQLite database was made on the side.
+    tables = {name for (name,) in database.query("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    assert tables >= {"dag_run", "task_instance", "backfill", "alembic_version"}
+    assert not list(home.glob("*.db"))
+    instance = Airflow(home, data, port, env, database)
     instance.start()
     try:
         instance.wait_for("the API server", lambda: instance.api.get("/monitor/health").status_code == 200)
@@ -250,6 +274,23 @@ def test_a_backfill_writes_each_date_once_in_its_own_folder(airflow):
     assert sorted((r["logical_date"][:10], r["state"]) for r in runs) == [(d, "success") for d in dates], airflow.logs()
     for day, rows in dates.items():
         assert_output_sound(airflow.data / "output" / day, range(rows))
+
+    # Side by side: two dates' tasks ran at the same time, and never all three (2 pool slots).
+    spans = {}
+    for run in runs:
+        ti = airflow.task_instance(run["dag_run_id"])
+        assert ti["try_number"] == 1 and ti["state"] == "success", ti
+        spans[run["logical_date"][:10]] = (
+            datetime.fromisoformat(ti["start_date"]),
+            datetime.fromisoformat(ti["end_date"]),
+        )
+    overlapping = [
+        (a, b)
+        for a, b in itertools.combinations(sorted(spans), 2)
+        if max(spans[a][0], spans[b][0]) < min(spans[a][1], spans[b][1])
+    ]
+    assert overlapping, f"no two dates' tasks overlapped: {spans}"
+    assert max(start for start, _ in spans.values()) >= min(end for _, end in spans.values()), spans
     # The scheduler closes the backfill once its runs are done (until then another is refused).
     airflow.wait_for(
         "the backfill to complete",

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.jobs_client import run_sync
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.pipeline import planner
+from airflow_provider_raybatch.pipeline import input_files
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from tests.conftest import REPO, run_dag
 from tests.data import assert_exactly_once, read_output, write_input
@@ -79,10 +79,23 @@ def wait_for_status(cluster, submission_id: str, wanted: str) -> str:
 
 
 def test_a_job_runs_on_the_cluster_streams_its_log_and_a_rerun_takes_its_result(tmp_path, cluster, capfd, monkeypatch):
-    # Credentials of the task's storage connection never travel with the job.
+    # Credentials of the task's storage connections (resolved by each provider) never travel with the job.
+    from tests.storage_servers import service_account_key
+
     monkeypatch.setenv(
         "AIRFLOW_CONN_AWS_FAKE", json.dumps({"conn_type": "aws", "login": "AKIAFAKE", "password": "s3cr3t-value"})
     )
+    gcp_key = service_account_key("http://127.0.0.1:9/token")
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GCP_FAKE",
+        json.dumps({"conn_type": "google_cloud_platform", "extra": {"keyfile_dict": json.dumps(gcp_key)}}),
+    )
+    azure_key = "YXp1cmUtc2VjcmV0LWtleS1mb3ItdGhlLXRlc3Q="
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AZURE_FAKE",
+        json.dumps({"conn_type": "wasb", "login": "fakeacct", "password": azure_key}),
+    )
+    secrets = ["s3cr3t-value", azure_key, gcp_key["private_key"].splitlines()[5]]
     write_input(tmp_path / "in", [300])
     dag = cluster_dag(
         "on_cluster",
@@ -90,6 +103,8 @@ def test_a_job_runs_on_the_cluster_streams_its_log_and_a_rerun_takes_its_result(
         output_path=str(tmp_path / "out"),
         rows_per_range=100,
         aws_conn_id="aws_fake",
+        gcp_conn_id="gcp_fake",
+        azure_conn_id="azure_fake",
     )
     ti = run_dag(dag, LOGICAL_DATE).get_task_instance("score")
     assert ti.state == "success"
@@ -105,7 +120,9 @@ def test_a_job_runs_on_the_cluster_streams_its_log_and_a_rerun_takes_its_result(
     assert ti.xcom_pull(task_ids="score", key="ray_job_url") == f"{cluster.dashboard}/#/jobs/{sid}"
     assert ti.xcom_pull(task_ids="score", key="_link_RayJobLink") == f"{cluster.dashboard}/#/jobs/{sid}"
     job = json.dumps(jobs_of(cluster, "on_cluster")[sid])
-    assert "s3cr3t-value" not in job and cluster.token not in job and "s3cr3t-value" not in log
+    assert cluster.token not in job
+    for secret in secrets:  # not in the job's entrypoint, runtime_env, metadata, nor the task's log
+        assert secret not in job and secret not in log and secret not in json.dumps(summary)
 
     # The same task instance again (a clear, a retry): the job succeeded, so its result is taken.
     again = run_dag(dag, LOGICAL_DATE).get_task_instance("score").xcom_pull(task_ids="score")
@@ -260,7 +277,7 @@ def test_a_stage_runs_on_the_node_that_has_its_custom_resource(tmp_path, cluster
 
 def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_path, ray_cluster, monkeypatch, capfd):
     # Footers are read by Ray tasks from 3 files on (by default from 1,000).
-    env = {"PYTHONPATH": str(REPO), planner.RAY_FOOTERS_MIN_FILES_ENV: "3"}
+    env = {"PYTHONPATH": str(REPO), input_files.RAY_FOOTERS_MIN_FILES_ENV: "3"}
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", connection(ray_cluster, runtime_env={"env_vars": env}))
     write_input(tmp_path / "in", [150, 150, 100, 0])
     here = plan_partitions(config(tmp_path, output_path=str(tmp_path / "planned_here")), 2)
@@ -269,7 +286,7 @@ def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_
         raise AssertionError("the Airflow task read an input footer")
 
     # From here on, this process (the Airflow worker of dag.test()) must read no footer.
-    monkeypatch.setattr(planner, "read_file_info", read_here)
+    monkeypatch.setattr(input_files, "read_file_info", read_here)
     dag = mapped_cluster_dag(
         "mapped_on_cluster",
         2,

@@ -70,7 +70,19 @@ def test_default_asset_is_the_static_part_of_the_output_path():
     assert default_asset("/data/preds/day={{ ds }}") == Asset(uri="file:///data/preds")
     assert default_asset("/data/preds/") == Asset(uri="file:///data/preds")
     assert default_asset("s3://bucket/preds/{{ ds }}/") == Asset(uri="s3://bucket/preds")
-    for no_static_part in ("{{ params.root }}/out/{{ ds }}", "s3://{{ var.value.bucket }}/x", "relative/{{ ds }}", "/"):
+    # Every object store alike, under its canonical scheme.
+    assert default_asset("gs://bucket/preds/{{ ds }}/") == Asset(uri="gs://bucket/preds")
+    assert default_asset("gcs://bucket/preds/{{ ds }}") == Asset(uri="gs://bucket/preds")
+    assert default_asset("abfs://container/preds/{{ ds }}/") == Asset(uri="abfs://container/preds")
+    assert default_asset("az://container/preds/day={{ ds }}") == Asset(uri="abfs://container/preds")
+    for no_static_part in (
+        "{{ params.root }}/out/{{ ds }}",
+        "s3://{{ var.value.bucket }}/x",
+        "gs://{{ var.value.bucket }}/x",
+        "abfs://{{ var.value.container }}/x",
+        "relative/{{ ds }}",
+        "/",
+    ):
         assert default_asset(no_static_part) is None
     explicit = RayBatchInferenceOperator(
         task_id="a", input_path="/i", output_path="/o", predictor="m:f", asset="s3://b/x"
@@ -93,6 +105,13 @@ def test_openlineage_datasets_follow_the_naming_conventions():
     assert dataset_name("s3a://bucket/in/*.parquet") == ("s3://bucket", "in")
     assert dataset_name("/data/in/part-*.parquet") == ("file", "/data/in")
     assert dataset_name("gs://bucket/x") == ("gs://bucket", "x")
+    assert dataset_name("gcs://bucket/in/*.parquet") == ("gs://bucket", "in")
+    assert dataset_name("abfs://container/in/2026-11-20/") == ("abfs://container", "in/2026-11-20")
+    assert dataset_name("az://container/in") == ("abfs://container", "in")
+    assert dataset_name("abfss://container@account.dfs.core.windows.net/in/") == (
+        "abfs://container@account.dfs.core.windows.net",
+        "in",
+    )
 
 
 def test_openlineage_facets_on_complete():

@@ -20,10 +20,20 @@ def lease(path: str, holder: LeaseHolder | None = None, timeout_s: float = 60.0,
     return Lease(fs, folder, path, holder or LeaseHolder(), timeout_s)
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "abfs"])
 def folder(request, tmp_path):
+    """A lease folder on each store whose server honours create-if-absent (the GCS emulator does not:
+    see tests/test_object_stores.py)."""
     if request.param == "local":
         return str(tmp_path / "lease"), None
+    if request.param == "abfs":
+        server = request.getfixturevalue("azure_server")
+        account, key = server.extra["account"], server.extra["key"]
+        options = {"connection_string": f"AccountName={account};AccountKey={key};BlobEndpoint={server.endpoint};"}
+        fs, _ = resolve("abfs://raybatch-leases", options)
+        if "raybatch-leases" not in {p.rstrip("/") for p in fs.ls("")}:
+            fs.mkdir("raybatch-leases")
+        return f"abfs://raybatch-leases/{tmp_path.name}", options
     options = request.getfixturevalue("s3_server")
     return f"s3://raybatch-test/leases/{tmp_path.name}", options
 

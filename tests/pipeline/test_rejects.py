@@ -9,6 +9,7 @@ import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooManyErrorsError, TransformStage
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.range_commits import RECORD_INTERVAL_ENV
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.data import write_input
 from tests.pipeline.test_runner import commit_count
@@ -80,7 +81,10 @@ def test_too_many_engine_errors_fail_the_run_and_its_reruns(tmp_path):
     )
 
 
-def test_too_many_engine_errors_stop_the_run_early(tmp_path):
+def test_too_many_engine_errors_stop_the_run_early(tmp_path, monkeypatch):
+    # The errors are counted as ranges are recorded: one at a time here, not in batches of a
+    # second's ranges (the whole of this small input can arrive within one).
+    monkeypatch.setenv(RECORD_INTERVAL_ENV, "0")
     write_input(tmp_path / "in", [1000])
     every = {"error_ids": list(range(0, 1000, 2))}
     with pytest.raises(TooManyErrorsError):

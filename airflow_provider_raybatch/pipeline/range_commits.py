@@ -1,26 +1,19 @@
-"""Range files: written on the Ray workers that hold the rows, committed by the driver.
+"""The driver's side of writing: each range committed once its files hold all its rows.
 
-A write step after the last stage (:func:`write_block`) writes each block's rows of each range
-to a Parquet file in the writer's temporary folder (and its rejected rows to another), and
-returns one small metadata row per file. The driver (:class:`RangeCommits`) receives only that
-metadata; it commits a range through the ledger, which publishes the files under their final
-names, as soon as the files hold all the range's rows. Rows do not pass through the driver.
-
-A range normally arrives in one block, so it gets one file; one that arrives in several blocks
-gets one file per block, and its ids are checked as a key across them by reading back only the
-id column.
+:class:`RangeCommits` receives only the metadata of the files the write steps wrote on the Ray
+workers (:func:`.block_writer.write_block`) and commits a range through the ledger, which
+publishes the files under their final names. A range that arrived in several blocks has its ids
+checked as a key across them by reading back only the id column.
 
 Records are batched: a range's files are published as soon as they are complete, and its commit
-record is written with those of the ranges published around it, at most
-:func:`record_interval` seconds later (and at once at the end of the stream, or when it fails).
-The range counts as committed only then; a crash in between leaves its files published without a
-record, which the next run removes before redoing the range. Batching keeps the ledger's objects
-few (a segment per batch, not per range) at the price of redoing up to that interval's ranges
-after a crash.
+record is written with those of the ranges published around it, at most :func:`record_interval`
+seconds later (and at once at the end of the stream, or when it fails). The range counts as
+committed only then; a crash in between leaves its files published without a record, which the
+next run removes before redoing the range. Batching keeps the ledger's objects few (a segment per
+batch, not per range) at the price of redoing up to that interval's ranges after a crash.
 
-Each write step also leaves its metadata beside its files (a receipt). When the stream fails
-(a stage raised on another range), the metadata in flight is lost with it, but the files are
-there: the driver reads the receipts it has not seen and commits the ranges they complete
+When the stream fails (a stage raised on another range), the metadata in flight is lost with it,
+but the write steps' receipts are there: the driver commits the ranges they complete
 (:meth:`RangeCommits.salvage`), so a retry redoes only what was really unfinished.
 """
 
@@ -34,46 +27,21 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
-from uuid import uuid4
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.block_writer import OUTPUT, RECEIPT_SUFFIX, REJECTS, key_problem
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
-from airflow_provider_raybatch.pipeline.errors import (
-    ConfigError,
-    OutputSchemaError,
-    RayBatchError,
-    RowKeyError,
-    StageError,
-)
+from airflow_provider_raybatch.pipeline.errors import ConfigError, OutputSchemaError, RayBatchError, RowKeyError
 from airflow_provider_raybatch.pipeline.faults import crash_point
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger, tmp_name
+from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.planner import Plan, RowRange
 from airflow_provider_raybatch.pipeline.schemas import promotion_needed, schema_mismatch
-from airflow_provider_raybatch.pipeline.stages import (
-    ENGINE_ERROR,
-    INTERNAL_PREFIX,
-    KEEP_PREFIX,
-    RANGE_COLUMN,
-    output_columns,
-    rejects_table,
-    split_by_range,
-    split_rejected,
-)
-from airflow_provider_raybatch.pipeline.storage import is_local
 from airflow_provider_raybatch.pipeline.summary import Progress
 
 log = logging.getLogger(__name__)
 
-#: CPUs a write step reserves: it mostly encodes and waits on storage, and must not queue behind
-#: the stages' replicas for a whole CPU.
-WRITE_CPUS = 0.25
-OUTPUT, REJECTS = "output", "rejects"
-#: A write step's receipt in the temporary folder: ``block-<block id>`` + this.
-RECEIPT_SUFFIX = ".metadata.arrow"
 #: Environment variable: the longest a published range waits for its commit record, in seconds
 #: (0: each range is recorded as soon as it is published, in a segment of its own).
 RECORD_INTERVAL_ENV = "RAYBATCH_RECORD_INTERVAL_S"
@@ -94,142 +62,6 @@ def record_interval() -> float:
     if not seconds >= 0:
         raise ConfigError(f"{RECORD_INTERVAL_ENV} must be a number of seconds >= 0, got {value!r}")
     return seconds
-
-
-#: What a write step returns for each file it wrote: the only thing the driver receives.
-FILE_METADATA = pa.schema(
-    [
-        ("range", pa.int32()),  # index of the range in the plan
-        ("block", pa.string()),  # the block the rows came in (a range's files: one per block)
-        ("kind", pa.string()),  # OUTPUT or REJECTS
-        ("path", pa.string()),  # in the writer's temporary folder
-        ("rows", pa.int64()),
-        ("bytes", pa.int64()),
-        ("schema", pa.binary()),  # the file's Arrow schema, serialized
-        ("engine_errors", pa.int64()),  # rejects that failed in a model
-        ("problem", pa.string()),  # why the rows' ids are not a key (None: they are)
-    ]
-)
-
-
-def write_block(
-    block: pa.Table,
-    *,
-    fs: AbstractFileSystem,
-    folder: str,
-    output_path: str,
-    stage: str,
-    id_column: str | None,
-    key_type: pa.DataType | None,
-) -> pa.Table:
-    """Write ``block``'s rows to one file per range (and one of its rejects); return their metadata.
-
-    Runs as a Ray Data task after the last stage. Rows whose ids are not a key are still written
-    (to the temporary folder only): the driver names the range and refuses to commit it.
-
-    :param folder: the writer's temporary folder in the output.
-    :param output_path: the output, as the user gave it (named in errors).
-    :param stage: the last stage's name (named in errors).
-    :param id_column: the row key column, None when the pipeline derives row ids.
-    :param key_type: the input's type of ``id_column``.
-    """
-    if block.num_rows and RANGE_COLUMN not in block.column_names:
-        raise StageError(
-            f"a transform stage dropped the internal columns (got {block.column_names}); "
-            f"its output must carry every column starting with {INTERNAL_PREFIX!r}"
-        )
-    block_id = uuid4().hex
-    rows: list[dict[str, Any]] = []
-    for index, piece in split_by_range(block) if block.num_rows else ():
-        accepted, rejected = split_rejected(piece)
-        output = output_columns(accepted)
-        rejects = rejects_table(rejected) if rejected.num_rows else None
-        problem = None
-        if id_column is not None:
-            problem = id_type_problem(output, stage, id_column, key_type)
-            if problem is None:
-                # What is written: a stage's own id column wins over the kept input column in the output.
-                ids = [output.column(id_column)] if output.num_rows else []
-                if rejected.num_rows:
-                    ids.append(rejected.column(KEEP_PREFIX + id_column))
-                problem = key_problem([c.cast(key_type) for c in ids], id_column)
-        for kind, table in ((OUTPUT, output), (REJECTS, rejects)):
-            if table is None or not table.num_rows:
-                continue
-            path = tmp_name(folder, str(index))
-            try:
-                with fs.open(path, "wb") as f:
-                    pq.write_table(table, f)
-                    size = f.tell()
-            except OSError as e:
-                raise RayBatchError(
-                    f"cannot write rows of range #{index} of the plan to output {output_path!r} ({path}): "
-                    f"{type(e).__name__}: {e}. The committed ranges are kept; the range is redone on a retry"
-                ) from e
-            engine_errors = 0
-            if kind == REJECTS:
-                engine_errors = int(pc.sum(pc.equal(table.column("kind"), ENGINE_ERROR)).as_py() or 0)
-            rows.append(
-                {
-                    "range": index,
-                    "block": block_id,
-                    "kind": kind,
-                    "path": path,
-                    "rows": table.num_rows,
-                    "bytes": size,
-                    "schema": table.schema.remove_metadata().serialize().to_pybytes(),
-                    "engine_errors": engine_errors,
-                    "problem": problem,
-                }
-            )
-    metadata = pa.Table.from_pylist(rows, schema=FILE_METADATA)
-    if rows:
-        _leave_receipt(fs, f"{folder}/block-{block_id}{RECEIPT_SUFFIX}", metadata)
-    return metadata
-
-
-def _leave_receipt(fs: AbstractFileSystem, path: str, metadata: pa.Table) -> None:
-    """Write ``metadata`` to ``path`` so that a reader sees it whole or not at all."""
-    target = f"{path}.partial" if is_local(fs) else path  # an object store's upload appears whole
-    with fs.open(target, "wb") as f, pa.ipc.new_file(f, metadata.schema) as writer:
-        writer.write_table(metadata)
-    if target != path:
-        fs.mv(target, path)
-
-
-def id_type_problem(table: pa.Table, stage: str, id_column: str, key_type: pa.DataType) -> str | None:
-    """Why a stage's output does not carry the input's row key unchanged (None when it does)."""
-    if not table.num_rows:
-        return None
-    column = table.column(id_column) if id_column in table.column_names else None
-    if column is not None and (column.type == key_type or pa.types.is_null(column.type)):
-        return None
-    found = "no such column" if column is None else f"type {column.type}"
-    if column is not None and pa.types.is_floating(column.type):
-        found += f" ({column.null_count + int(pc.sum(pc.is_nan(column)).as_py() or 0)} of them null or NaN)"
-    return (
-        f"stage {stage!r} returned id_column {id_column!r} with {found} where the input's is {key_type}: "
-        "a stage must not change the row key (a predictor that echoes its batch turns null ids into NaN)"
-    )
-
-
-def key_problem(ids: list[pa.ChunkedArray], id_column: str) -> str | None:
-    """Why ids of one range (output and rejects together) are not a key: nulls or repeats (None: they are)."""
-    if not ids:
-        return None
-    chunks = [c for column in ids for c in column.chunks]
-    values = pa.chunked_array(chunks, type=ids[0].type)
-    if values.null_count:
-        return f"id_column {id_column!r} holds {values.null_count} null(s): the row key must be set on every row"
-    counts = pc.value_counts(values)
-    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
-    if len(repeated):
-        example = repeated.field("values")[0].as_py()
-        return (
-            f"id_column {id_column!r} holds {len(repeated)} duplicated id(s), e.g. {example!r}: "
-            "the row key must be unique"
-        )
-    return None
 
 
 @dataclass

@@ -1,0 +1,190 @@
+"""The write step: a range's rows written to files on the Ray workers that hold them.
+
+A write step after the last stage (:func:`write_block`, a Ray Data task) writes each block's rows
+of each range to a Parquet file in the writer's temporary folder (and its rejected rows to
+another), and returns one small metadata row per file (:data:`FILE_METADATA`): the only thing the
+driver receives (:class:`.range_commits.RangeCommits` commits the files). Rows do not pass
+through the driver.
+
+A range normally arrives in one block, so it gets one file; one that arrives in several blocks
+gets one file per block. Each block's ids are checked as a key where they are written; the driver
+checks them across a range's blocks.
+
+Each write step also leaves its metadata beside its files (a receipt), which the driver reads
+back when the stream fails before the metadata reached it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import uuid4
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
+
+from airflow_provider_raybatch.pipeline.errors import RayBatchError, StageError
+from airflow_provider_raybatch.pipeline.ledger import tmp_name
+from airflow_provider_raybatch.pipeline.stages import (
+    ENGINE_ERROR,
+    INTERNAL_PREFIX,
+    KEEP_PREFIX,
+    RANGE_COLUMN,
+    output_columns,
+    rejects_table,
+    split_by_range,
+    split_rejected,
+)
+from airflow_provider_raybatch.pipeline.storage import is_local
+
+OUTPUT, REJECTS = "output", "rejects"
+#: A write step's receipt in the temporary folder: ``block-<block id>`` + this.
+RECEIPT_SUFFIX = ".metadata.arrow"
+
+#: What a write step returns for each file it wrote: the only thing the driver receives.
+FILE_METADATA = pa.schema(
+    [
+        ("range", pa.int32()),  # index of the range in the plan
+        ("block", pa.string()),  # the block the rows came in (a range's files: one per block)
+        ("kind", pa.string()),  # OUTPUT or REJECTS
+        ("path", pa.string()),  # in the writer's temporary folder
+        ("rows", pa.int64()),
+        ("bytes", pa.int64()),
+        ("schema", pa.binary()),  # the file's Arrow schema, serialized
+        ("engine_errors", pa.int64()),  # rejects that failed in a model
+        ("problem", pa.string()),  # why the rows' ids are not a key (None: they are)
+    ]
+)
+
+
+def write_step_resources(cluster_cpus: float) -> dict[str, Any]:
+    """Ray Data arguments of the write step: no CPU of Ray's accounting, at most one write per CPU.
+
+    Like the driver that wrote every file before the write step existed, the writes take no share
+    of the CPUs that reading and the replicas reserve. With a share of their own (0.25 CPU), Ray
+    Data's resource budget gave them nothing while reads and replicas held every CPU: on 2 CPUs,
+    2,194 finished blocks waited unwritten, and no range committed, until the whole input had
+    been read.
+    """
+    return {"num_cpus": 0, "concurrency": max(1, int(cluster_cpus))}
+
+
+def write_block(
+    block: pa.Table,
+    *,
+    fs: AbstractFileSystem,
+    folder: str,
+    output_path: str,
+    stage: str,
+    id_column: str | None,
+    key_type: pa.DataType | None,
+) -> pa.Table:
+    """Write ``block``'s rows to one file per range (and one of its rejects); return their metadata.
+
+    Runs as a Ray Data task after the last stage. Rows whose ids are not a key are still written
+    (to the temporary folder only): the driver names the range and refuses to commit it.
+
+    :param folder: the writer's temporary folder in the output.
+    :param output_path: the output, as the user gave it (named in errors).
+    :param stage: the last stage's name (named in errors).
+    :param id_column: the row key column, None when the pipeline derives row ids.
+    :param key_type: the input's type of ``id_column``.
+    """
+    if block.num_rows and RANGE_COLUMN not in block.column_names:
+        raise StageError(
+            f"a transform stage dropped the internal columns (got {block.column_names}); "
+            f"its output must carry every column starting with {INTERNAL_PREFIX!r}"
+        )
+    block_id = uuid4().hex
+    rows: list[dict[str, Any]] = []
+    for index, piece in split_by_range(block) if block.num_rows else ():
+        accepted, rejected = split_rejected(piece)
+        output = output_columns(accepted)
+        rejects = rejects_table(rejected) if rejected.num_rows else None
+        problem = None
+        if id_column is not None:
+            problem = id_type_problem(output, stage, id_column, key_type)
+            if problem is None:
+                # What is written: a stage's own id column wins over the kept input column in the output.
+                ids = [output.column(id_column)] if output.num_rows else []
+                if rejected.num_rows:
+                    ids.append(rejected.column(KEEP_PREFIX + id_column))
+                problem = key_problem([c.cast(key_type) for c in ids], id_column)
+        for kind, table in ((OUTPUT, output), (REJECTS, rejects)):
+            if table is None or not table.num_rows:
+                continue
+            path = tmp_name(folder, str(index))
+            try:
+                with fs.open(path, "wb") as f:
+                    pq.write_table(table, f)
+                    size = f.tell()
+            except OSError as e:
+                raise RayBatchError(
+                    f"cannot write rows of range #{index} of the plan to output {output_path!r} ({path}): "
+                    f"{type(e).__name__}: {e}. The committed ranges are kept; the range is redone on a retry"
+                ) from e
+            engine_errors = 0
+            if kind == REJECTS:
+                engine_errors = int(pc.sum(pc.equal(table.column("kind"), ENGINE_ERROR)).as_py() or 0)
+            rows.append(
+                {
+                    "range": index,
+                    "block": block_id,
+                    "kind": kind,
+                    "path": path,
+                    "rows": table.num_rows,
+                    "bytes": size,
+                    "schema": table.schema.remove_metadata().serialize().to_pybytes(),
+                    "engine_errors": engine_errors,
+                    "problem": problem,
+                }
+            )
+    metadata = pa.Table.from_pylist(rows, schema=FILE_METADATA)
+    if rows:
+        _leave_receipt(fs, f"{folder}/block-{block_id}{RECEIPT_SUFFIX}", metadata)
+    return metadata
+
+
+def _leave_receipt(fs: AbstractFileSystem, path: str, metadata: pa.Table) -> None:
+    """Write ``metadata`` to ``path`` so that a reader sees it whole or not at all."""
+    target = f"{path}.partial" if is_local(fs) else path  # an object store's upload appears whole
+    with fs.open(target, "wb") as f, pa.ipc.new_file(f, metadata.schema) as writer:
+        writer.write_table(metadata)
+    if target != path:
+        fs.mv(target, path)
+
+
+def id_type_problem(table: pa.Table, stage: str, id_column: str, key_type: pa.DataType) -> str | None:
+    """Why a stage's output does not carry the input's row key unchanged (None when it does)."""
+    if not table.num_rows:
+        return None
+    column = table.column(id_column) if id_column in table.column_names else None
+    if column is not None and (column.type == key_type or pa.types.is_null(column.type)):
+        return None
+    found = "no such column" if column is None else f"type {column.type}"
+    if column is not None and pa.types.is_floating(column.type):
+        found += f" ({column.null_count + int(pc.sum(pc.is_nan(column)).as_py() or 0)} of them null or NaN)"
+    return (
+        f"stage {stage!r} returned id_column {id_column!r} with {found} where the input's is {key_type}: "
+        "a stage must not change the row key (a predictor that echoes its batch turns null ids into NaN)"
+    )
+
+
+def key_problem(ids: list[pa.ChunkedArray], id_column: str) -> str | None:
+    """Why ids of one range (output and rejects together) are not a key: nulls or repeats (None: they are)."""
+    if not ids:
+        return None
+    chunks = [c for column in ids for c in column.chunks]
+    values = pa.chunked_array(chunks, type=ids[0].type)
+    if values.null_count:
+        return f"id_column {id_column!r} holds {values.null_count} null(s): the row key must be set on every row"
+    counts = pc.value_counts(values)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):
+        example = repeated.field("values")[0].as_py()
+        return (
+            f"id_column {id_column!r} holds {len(repeated)} duplicated id(s), e.g. {example!r}: "
+            "the row key must be unique"
+        )
+    return None
