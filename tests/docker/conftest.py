@@ -11,10 +11,16 @@ from tests.docker.stack import ComposeStack, start_stack
 def compose_stack(tmp_path_factory) -> ComposeStack:
     """Images built with the project's Dockerfiles on stand-in bases, docker/compose.yaml up.
 
-    Skips (saying why) where no Docker engine runs and none can be installed and started.
+    Skips (saying why) where no Docker engine runs and none can be installed and started, or where
+    the stand-ins cannot be built (the tests run on another Python than the one they copy).
     """
     from tests.docker.engine import EngineUnavailable, ensure_engine
+    from tests.docker.images import StandinsUnavailable, stand_in_python
 
+    try:
+        stand_in_python()
+    except StandinsUnavailable as reason:
+        pytest.skip(f"no stand-in images: {reason}")
     workdir = tmp_path_factory.mktemp("compose")
     try:
         engine = ensure_engine(workdir)

@@ -3,10 +3,12 @@
 No image registry is reachable here, so the official bases (`apache/airflow`, `rayproject/ray`,
 `postgres`, `minio/minio`) are built as stand-ins under the same names from Debian packages and
 PyPI: a Debian bookworm root file system made by `debootstrap --variant=minbase` and
-`docker import`ed, then one Dockerfile per stand-in under tests/docker/standins/. Each stand-in
-is built once per machine (skipped when its tag exists); the project's images are built on top
-of them with docker/airflow.Dockerfile and docker/ray.Dockerfile every session, where Docker's
-layer cache leaves only what changed.
+`docker import`ed, then one Dockerfile per stand-in under tests/docker/standins/, whose Python
+packages uv installs. Each stand-in is built once per machine: skipped when its tag exists with
+the digest of its definition in its label (its folder, the packages and pins it installs, the
+base's digest, the machine's extra CAs), rebuilt when any of them changed. The project's images
+are built on top of them with docker/airflow.Dockerfile and docker/ray.Dockerfile every session,
+where Docker's layer cache leaves only what changed.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import tomllib
@@ -30,12 +33,15 @@ STANDINS = Path(__file__).resolve().parent / "standins"
 BASE_TAG = "raybatch-standin/debian:bookworm"
 ROOTFS_TAG = "raybatch-standin/debian:bookworm-rootfs"
 CA_FOLDER = Path("/usr/local/share/ca-certificates")
-CA_LABEL = "raybatch.standin.ca-sha256"
+#: The label that records the digest of a stand-in's definition (see :func:`definition_digest`).
+DIGEST_LABEL = "raybatch.standin.sha256"
 CACHE = Path(os.environ.get("RAYBATCH_STANDIN_CACHE", "/var/cache/raybatch-standins"))
-#: The root file system debootstrap makes, kept to import again after `docker system prune`.
-ROOTFS_TAR = CACHE / "bookworm-minbase.tar"
 BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "curl", "procps"]
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBOOTSTRAP = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm"]
+#: The root file system debootstrap makes, kept to import again after `docker system prune`;
+#: its name changes with the packages asked for, so that a changed list makes a new one.
+ROOTFS_TAR = CACHE / f"bookworm-minbase-{hashlib.sha256(' '.join(DEBOOTSTRAP).encode()).hexdigest()[:12]}.tar"
 
 
 def _dockerfile_arg(name: str, arg: str) -> str:
@@ -69,7 +75,7 @@ def _requirements(standin: str) -> list[str]:
     torch = "torch==" + _dockerfile_arg("ray.Dockerfile", "TORCH_VERSION")
     own = "airflow-provider-raybatch"
     if standin == "airflow":
-        specs = [*project["dependencies"], *extras["torch"], *extras["examples"]]
+        specs = [*project["dependencies"], *extras["torch"], *extras["examples"], *extras["amazon"]]
         skip = {"apache-airflow", own}
     else:
         specs = [*project["dependencies"], *extras["torch"]]
@@ -85,48 +91,132 @@ def _torch_wheels() -> list[Path]:
     return [w for f in folders if f.is_dir() for w in f.glob(f"torch-{version}-cp311-*.whl")][:1]
 
 
+class StandinsUnavailable(Exception):
+    """The stand-ins cannot be built on this machine; the message says why."""
+
+
+#: The Python the official images carry is a recent 3.11 (the Airflow constraints need >= 3.11.5:
+#: soupsieve through the Amazon provider); Debian bookworm's is 3.11.2 and no Python download is
+#: reachable here, so the stand-ins get the CPython 3.11 the tests run on, as the official images
+#: get theirs: built from source for Debian bookworm under /usr/local.
+MIN_PYTHON = (3, 11, 5)
+
+
+def stand_in_python() -> Path:
+    """The installation prefix of the CPython the stand-ins copy (the tests' own interpreter).
+
+    :raises StandinsUnavailable: when the tests run on another Python than CPython 3.11.5+.
+    """
+    prefix = Path(sys.base_prefix)
+    if sys.implementation.name != "cpython" or not MIN_PYTHON <= sys.version_info[:3] < (3, 12):
+        raise StandinsUnavailable(
+            f"the stand-ins copy the tests' Python, which must be CPython 3.11.5+ ({sys.version})"
+        )
+    if not (prefix / "bin" / "python3.11").is_file() or not (prefix / "lib" / "python3.11" / "os.py").is_file():
+        raise StandinsUnavailable(f"{prefix} is not a CPython installation prefix (bin/python3.11, lib/python3.11)")
+    return prefix
+
+
+def _copy_python(prefix: Path, target: Path) -> None:
+    """The interpreter, its shared library and standard library, without site-packages or tests."""
+    (target / "bin").mkdir(parents=True)
+    shutil.copy2(prefix / "bin" / "python3.11", target / "bin" / "python3.11")
+    (target / "lib").mkdir()
+    for library in (prefix / "lib").glob("libpython3*.so*"):
+        shutil.copy2(library, target / "lib" / library.name)
+    skip = shutil.ignore_patterns("site-packages", "test", "idlelib", "tkinter", "turtledemo")
+    shutil.copytree(prefix / "lib" / "python3.11", target / "lib" / "python3.11", ignore=skip, symlinks=True)
+    (target / "lib" / "python3.11" / "site-packages").mkdir()
+    if (prefix / "include" / "python3.11").is_dir():
+        shutil.copytree(prefix / "include" / "python3.11", target / "include" / "python3.11")
+
+
 def _ca_files() -> list[Path]:
     return sorted(CA_FOLDER.rglob("*.crt")) if CA_FOLDER.is_dir() else []
 
 
-def ca_digest() -> str:
-    """The machine's extra certificate authorities, as the stand-ins' label records them: when they
-    change (a proxy's CA renewed), every stand-in is built again."""
+def _digest(*parts: bytes) -> str:
     digest = hashlib.sha256()
-    for path in _ca_files():
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for part in parts:
+        digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()
+
+
+def _folder(folder: Path) -> list[bytes]:
+    return [
+        str(p.relative_to(folder)).encode() + b"\0" + p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    ]
+
+
+def base_digest() -> str:
+    """The base's definition: its folder, the debootstrap command and the machine's extra
+    certificate authorities (when a proxy's CA is renewed, every stand-in is built again)."""
+    cas = [path.name.encode() + b"\0" + path.read_bytes() for path in _ca_files()]
+    python = f"{stand_in_python()} {sys.version}".encode()
+    return _digest(" ".join(DEBOOTSTRAP).encode(), python, *_folder(STANDINS / "base"), *cas)
+
+
+def definition_digest(standin: str) -> str:
+    """A stand-in's definition: its folder, the requirements and pins it installs, the torch wheel
+    it is given, and the base's digest (a rebuilt base rebuilds every stand-in)."""
+    return _digest(
+        base_digest().encode(),
+        *_folder(STANDINS / standin),
+        (REPO / "constraints.txt").read_bytes(),
+        "\n".join(_requirements(standin)).encode(),
+        " ".join(w.name for w in _torch_wheels()).encode(),
+    )
 
 
 def _label(engine: Engine, tag: str) -> str | None:
     result = engine.run(
-        "docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{CA_LABEL}"}}}}', tag, check=False
+        "docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{DIGEST_LABEL}"}}}}', tag, check=False
     )
     return result.stdout.strip() if result.returncode == 0 else None
 
 
+def _image_id(engine: Engine, tag: str) -> str | None:
+    result = engine.run("docker", "image", "inspect", "--format", "{{.Id}}", tag, check=False)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def _build(engine: Engine, tag: str, digest: str, context: Path, *args: str) -> None:
+    """docker build, the digest in the image's label; the image the tag named before is removed
+    (when no container uses it), so that rebuilt stand-ins do not pile up on the disk."""
+    previous = _image_id(engine, tag)
+    engine.run(
+        "docker",
+        "build",
+        "--network=host",
+        "--label",
+        f"{DIGEST_LABEL}={digest}",
+        *args,
+        "--tag",
+        tag,
+        str(context),
+        timeout=3600,
+    )
+    if previous and previous != _image_id(engine, tag):
+        engine.run("docker", "rmi", previous, check=False)
+
+
 def ensure_base(engine: Engine, log: list[str]) -> None:
-    if _label(engine, BASE_TAG) == ca_digest():
+    digest = base_digest()
+    if _label(engine, BASE_TAG) == digest:
         return
     started = time.monotonic()
-    if not engine.image_exists(ROOTFS_TAG):
+    if _label(engine, ROOTFS_TAG) != ROOTFS_TAR.name:
         _import_rootfs(engine)
+        log.append(f"{ROOTFS_TAG}: {time.monotonic() - started:.0f} s")
+        started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         context = Path(tmp) / "context"
         shutil.copytree(STANDINS / "base", context)
         (context / "ca").mkdir()
         for path in _ca_files():
             shutil.copy(path, context / "ca" / path.name)
-        engine.run(
-            "docker",
-            "build",
-            "--network=host",
-            "--build-arg",
-            f"CA_SHA256={ca_digest()}",
-            "--tag",
-            BASE_TAG,
-            str(context),
-        )
+        _copy_python(stand_in_python(), context / "python")
+        _build(engine, BASE_TAG, digest, context)
     log.append(f"{BASE_TAG}: {time.monotonic() - started:.0f} s")
 
 
@@ -135,19 +225,7 @@ def _import_rootfs(engine: Engine) -> None:
         CACHE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
             rootfs = Path(tmp) / "rootfs"
-            subprocess.run(
-                [
-                    "debootstrap",
-                    "--variant=minbase",
-                    f"--include={','.join(BASE_PACKAGES)}",
-                    "bookworm",
-                    str(rootfs),
-                    DEBIAN_MIRROR,
-                ],
-                check=True,
-                capture_output=True,
-                timeout=1800,
-            )
+            subprocess.run([*DEBOOTSTRAP, str(rootfs), DEBIAN_MIRROR], check=True, capture_output=True, timeout=1800)
             for deb in (rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"):
                 deb.unlink()
             partial = ROOTFS_TAR.with_suffix(".partial")
@@ -160,16 +238,19 @@ def _import_rootfs(engine: Engine) -> None:
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "--change",
         'CMD ["bash"]',
+        "--change",
+        f"LABEL {DIGEST_LABEL}={ROOTFS_TAR.name}",
         str(ROOTFS_TAR),
         ROOTFS_TAG,
     )
 
 
 def ensure_standins(engine: Engine, log: list[str]) -> None:
-    """Build every stand-in base image whose tag is missing."""
+    """Build every stand-in base image whose tag is missing or was built from another definition."""
     ensure_base(engine, log)
     for standin, tag in standin_tags().items():
-        if _label(engine, tag) == ca_digest():
+        digest = definition_digest(standin)
+        if _label(engine, tag) == digest:
             continue
         started = time.monotonic()
         with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +264,7 @@ def ensure_standins(engine: Engine, log: list[str]) -> None:
                 shutil.copy(wheel, context / "wheels" / wheel.name)
             # No torch index when the wheel is at hand (download.pytorch.org may not be reachable).
             index = [] if not wheels else ["--build-arg", "TORCH_INDEX_URL="]
-            engine.run("docker", "build", "--network=host", *index, "--tag", tag, str(context), timeout=3600)
+            _build(engine, tag, digest, context, *index)
         log.append(f"{tag}: {time.monotonic() - started:.0f} s")
 
 
