@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.docker.stack import ComposeStack, start_stack
+
+#: How long each stage took (engine, each image built, stack start-up, teardown): printed in the
+#: session's summary, where slow builds are seen without reading logs.
+TIMINGS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if TIMINGS:
+        terminalreporter.write_sep("-", "compose stack timings")
+        terminalreporter.write_line(", ".join(TIMINGS))
 
 
 @pytest.fixture(scope="session")
@@ -22,15 +34,19 @@ def compose_stack(tmp_path_factory) -> ComposeStack:
     except StandinsUnavailable as reason:
         pytest.skip(f"no stand-in images: {reason}")
     workdir = tmp_path_factory.mktemp("compose")
+    started = time.monotonic()
     try:
         engine = ensure_engine(workdir)
     except EngineUnavailable as reason:
         pytest.skip(f"no Docker engine: {reason}")
+    TIMINGS.append(f"engine: {time.monotonic() - started:.0f} s")
     try:
-        stack = start_stack(engine, workdir)
+        stack = start_stack(engine, workdir, TIMINGS)
         try:
             yield stack
         finally:
+            started = time.monotonic()
             stack.down()
+            TIMINGS.append(f"stack down: {time.monotonic() - started:.0f} s")
     finally:
         engine.stop()

@@ -2,7 +2,7 @@
 
 On a machine without an engine (CI's fresh machine, a developer's box) and with root and
 apt-get, :func:`ensure_engine` installs `docker.io`, `docker-compose` (1.29, Python; the compose
-v2 plugin is not packaged) and `debootstrap` (for the stand-in base images), then starts `dockerd`
+v2 plugin is not packaged) and `mmdebstrap` (for the stand-in base images), then starts `dockerd`
 with its own data root, so images built once stay for later sessions. It stops only the daemon it
 started. Without root or apt-get it returns a reason to skip.
 """
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PACKAGES = {"dockerd": "docker.io", "docker-compose": "docker-compose", "debootstrap": "debootstrap"}
+PACKAGES = {"dockerd": "docker.io", "docker-compose": "docker-compose", "mmdebstrap": "mmdebstrap"}
 #: The daemon started here keeps its images under this folder between sessions.
 DATA_ROOT = Path(os.environ.get("RAYBATCH_DOCKER_DATA_ROOT", "/var/lib/raybatch-docker"))
 RUN_DIR = Path("/run/raybatch-docker")

@@ -2,7 +2,7 @@
 
 No image registry is reachable here, so the official bases (`apache/airflow`, `rayproject/ray`,
 `postgres`, `minio/minio`) are built as stand-ins under the same names from Debian packages and
-PyPI: a Debian bookworm root file system made by `debootstrap --variant=minbase` and
+PyPI: a Debian bookworm root file system made by `mmdebstrap --variant=minbase` and
 `docker import`ed, then one Dockerfile per stand-in under tests/docker/standins/, whose Python
 packages uv installs. Each stand-in is built once per machine: skipped when its tag exists with
 the digest of its definition in its label (its folder, the packages and pins it installs, the
@@ -13,15 +13,20 @@ where Docker's layer cache leaves only what changed.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import http.server
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -36,12 +41,24 @@ CA_FOLDER = Path("/usr/local/share/ca-certificates")
 #: The label that records the digest of a stand-in's definition (see :func:`definition_digest`).
 DIGEST_LABEL = "raybatch.standin.sha256"
 CACHE = Path(os.environ.get("RAYBATCH_STANDIN_CACHE", "/var/cache/raybatch-standins"))
-BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "curl", "procps"]
+#: python3 for the shared libraries the copied CPython links (OpenSSL, libffi, SQLite...);
+#: dumb-init for the Airflow stand-in's entrypoint.
+BASE_PACKAGES = ["python3", "python3-venv", "ca-certificates", "curl", "procps", "dumb-init"]
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-DEBOOTSTRAP = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", "bookworm"]
-#: The root file system debootstrap makes, kept to import again after `docker system prune`;
-#: its name changes with the packages asked for, so that a changed list makes a new one.
-ROOTFS_TAR = CACHE / f"bookworm-minbase-{hashlib.sha256(' '.join(DEBOOTSTRAP).encode()).hexdigest()[:12]}.tar"
+#: mmdebstrap rather than debootstrap: 40 s instead of nearly 4 minutes (apt's parallel downloads,
+#: dpkg without fsync). The package lists stay, so that a stand-in's `apt-get install` needs no
+#: `apt-get update`.
+MMDEBSTRAP = [
+    "mmdebstrap",
+    "--variant=minbase",
+    f"--include={','.join(BASE_PACKAGES)}",
+    "--skip=cleanup/apt/lists",
+    "--format=tar",
+    "bookworm",
+]
+#: The root file system mmdebstrap makes, kept to import again after `docker system prune`;
+#: its name changes with the command, so that a changed package list makes a new one.
+ROOTFS_TAR = CACHE / f"bookworm-minbase-{hashlib.sha256(' '.join(MMDEBSTRAP).encode()).hexdigest()[:12]}.tar"
 
 
 def _dockerfile_arg(name: str, arg: str) -> str:
@@ -149,11 +166,11 @@ def _folder(folder: Path) -> list[bytes]:
 
 
 def base_digest() -> str:
-    """The base's definition: its folder, the debootstrap command and the machine's extra
+    """The base's definition: its folder, the mmdebstrap command and the machine's extra
     certificate authorities (when a proxy's CA is renewed, every stand-in is built again)."""
     cas = [path.name.encode() + b"\0" + path.read_bytes() for path in _ca_files()]
     python = f"{stand_in_python()} {sys.version}".encode()
-    return _digest(" ".join(DEBOOTSTRAP).encode(), python, *_folder(STANDINS / "base"), *cas)
+    return _digest(" ".join(MMDEBSTRAP).encode(), python, *_folder(STANDINS / "base"), *cas)
 
 
 def definition_digest(standin: str) -> str:
@@ -223,14 +240,9 @@ def ensure_base(engine: Engine, log: list[str]) -> None:
 def _import_rootfs(engine: Engine) -> None:
     if not ROOTFS_TAR.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-            rootfs = Path(tmp) / "rootfs"
-            subprocess.run([*DEBOOTSTRAP, str(rootfs), DEBIAN_MIRROR], check=True, capture_output=True, timeout=1800)
-            for deb in (rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"):
-                deb.unlink()
-            partial = ROOTFS_TAR.with_suffix(".partial")
-            subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True, timeout=600)
-            partial.rename(ROOTFS_TAR)
+        partial = ROOTFS_TAR.with_suffix(".partial")
+        subprocess.run([*MMDEBSTRAP, str(partial), DEBIAN_MIRROR], check=True, capture_output=True, timeout=1800)
+        partial.rename(ROOTFS_TAR)
     engine.run(
         "docker",
         "import",
@@ -245,27 +257,51 @@ def _import_rootfs(engine: Engine) -> None:
     )
 
 
+@contextlib.contextmanager
+def _wheel_server(wheels: list[Path]) -> Iterator[str | None]:
+    """A loopback HTTP server listing the wheels (a find-links page for uv), which the builds reach
+    on the host's network: the torch wheel (200 MB) is read from the machine instead of being
+    copied into each build context and image layer. None when there are no wheels."""
+    if not wheels:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        for wheel in wheels:
+            (Path(folder) / wheel.name).symlink_to(wheel)
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=folder))
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/"
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
 def ensure_standins(engine: Engine, log: list[str]) -> None:
     """Build every stand-in base image whose tag is missing or was built from another definition."""
     ensure_base(engine, log)
-    for standin, tag in standin_tags().items():
-        digest = definition_digest(standin)
-        if _label(engine, tag) == digest:
-            continue
-        started = time.monotonic()
-        with tempfile.TemporaryDirectory() as tmp:
-            context = Path(tmp) / "context"
-            shutil.copytree(STANDINS / standin, context)
-            shutil.copy(REPO / "constraints.txt", context / "constraints.txt")
-            (context / "requirements.txt").write_text("\n".join(_requirements(standin)) + "\n")
-            (context / "wheels").mkdir()
-            wheels = _torch_wheels()
-            for wheel in wheels:
-                shutil.copy(wheel, context / "wheels" / wheel.name)
-            # No torch index when the wheel is at hand (download.pytorch.org may not be reachable).
-            index = [] if not wheels else ["--build-arg", "TORCH_INDEX_URL="]
-            _build(engine, tag, digest, context, *index)
-        log.append(f"{tag}: {time.monotonic() - started:.0f} s")
+    wheels = _torch_wheels()
+    with _wheel_server(wheels) as find_links:
+        for standin, tag in standin_tags().items():
+            digest = definition_digest(standin)
+            if _label(engine, tag) == digest:
+                continue
+            started = time.monotonic()
+            with tempfile.TemporaryDirectory() as tmp:
+                context = Path(tmp) / "context"
+                shutil.copytree(STANDINS / standin, context)
+                shutil.copy(REPO / "constraints.txt", context / "constraints.txt")
+                (context / "requirements.txt").write_text("\n".join(_requirements(standin)) + "\n")
+                # No torch index when the wheel is at hand (download.pytorch.org may not be reachable).
+                wheel_args = ["--build-arg", f"FIND_LINKS={find_links}", "--build-arg", "TORCH_INDEX_URL="]
+                _build(engine, tag, digest, context, *(wheel_args if find_links else []))
+            log.append(f"{tag}: {time.monotonic() - started:.0f} s")
 
 
 def build_project_images(engine: Engine, log: list[str]) -> dict[str, str]:

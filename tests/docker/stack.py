@@ -168,9 +168,11 @@ def secret(size: int) -> str:
     return "s" + secrets.token_urlsafe(size)
 
 
-def start_stack(engine: Engine, workdir: Path) -> ComposeStack:
-    """Build the images (stand-ins once per machine, the project's on top) and start the stack."""
-    timings: list[str] = []
+def start_stack(engine: Engine, workdir: Path, timings: list[str]) -> ComposeStack:
+    """Build the images (stand-ins once per machine, the project's on top) and start the stack.
+
+    :param timings: gets how long each image build and the start-up took.
+    """
     images.ensure_standins(engine, timings)
     images.build_project_images(engine, timings)
     settings = {
