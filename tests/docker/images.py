@@ -199,12 +199,14 @@ def _image_id(engine: Engine, tag: str) -> str | None:
 
 def _build(engine: Engine, tag: str, digest: str, context: Path, *args: str) -> None:
     """docker build, the digest in the image's label; the image the tag named before is removed
-    (when no container uses it), so that rebuilt stand-ins do not pile up on the disk."""
+    (when no container uses it), so that rebuilt stand-ins do not pile up on the disk, and a
+    failed step's container too (--force-rm)."""
     previous = _image_id(engine, tag)
     engine.run(
         "docker",
         "build",
         "--network=host",
+        "--force-rm",
         "--label",
         f"{DIGEST_LABEL}={digest}",
         *args,
