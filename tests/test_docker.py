@@ -295,3 +295,27 @@ def test_the_stand_in_bases_cover_every_base_image_and_stay_in_the_test_tree(com
     for path in [*DOCKER.glob("*Dockerfile"), DOCKER / "compose.yaml"]:
         assert "standin" not in path.read_text(), f"{path.name} must not use the tests' stand-ins"
     assert "stand-in" in (DOCKER / "README.md").read_text() and "stand-in" in (REPO / "README.md").read_text()
+
+
+def test_a_changed_stand_in_definition_is_built_again(tmp_path, monkeypatch):
+    """A stand-in is reused while its label holds the digest of its definition: a change to one
+    stand-in's folder changes its digest only; a change to the base changes every digest."""
+    from tests.docker import images
+
+    try:
+        images.stand_in_python()
+    except images.StandinsUnavailable as reason:
+        pytest.skip(str(reason))
+    copy = tmp_path / "standins"
+    shutil.copytree(images.STANDINS, copy)
+    monkeypatch.setattr(images, "STANDINS", copy)
+    names = list(images.standin_tags())
+    before = {name: images.definition_digest(name) for name in names}
+    assert len(set(before.values())) == len(names)
+    with (copy / "minio" / "entrypoint").open("a") as f:
+        f.write("# changed\n")
+    after = {name: images.definition_digest(name) for name in names}
+    assert [name for name in names if after[name] != before[name]] == ["minio"]
+    with (copy / "base" / "Dockerfile").open("a") as f:
+        f.write("# changed\n")
+    assert all(images.definition_digest(name) != after[name] for name in names)
