@@ -19,9 +19,12 @@ def pytest_terminal_summary(terminalreporter) -> None:
         terminalreporter.write_line(", ".join(TIMINGS))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def compose_stack(tmp_path_factory) -> ComposeStack:
     """Images built with the project's Dockerfiles on stand-in bases, docker/compose.yaml up.
+
+    Down as soon as this module's tests are done: its health checks (Airflow's CLI every few
+    seconds per service) kept two CPUs busy for the rest of the suite.
 
     Skips (saying why) where no Docker engine runs and none can be installed and started, or where
     the stand-ins cannot be built (the tests run on another Python than the one they copy).
