@@ -137,23 +137,15 @@ def _stream(
             # batch size, Ray Data would not fuse the read into the replicas, and a writing
             # replica would write a file per batch.
             kwargs["batch_size"] = None
-        if index == last and writes_in_stage:
-            ds = ds.map_batches(
-                WritingStageWorker,
-                fn_constructor_kwargs={"stage": stage, "write": commits.write_step_kwargs()},
-                batch_format="pyarrow",
-                zero_copy_batch=True,
-                **kwargs,
-            )
-        else:
-            ds = ds.map_batches(
-                StageWorker,
-                fn_constructor_kwargs={"stage": stage},
-                batch_format="pyarrow",
-                zero_copy_batch=True,
-                udf_modifying_row_count=False,
-                **kwargs,
-            )
+        writes = index == last and writes_in_stage
+        ds = ds.map_batches(
+            WritingStageWorker if writes else StageWorker,
+            fn_constructor_kwargs={"stage": stage, **({"write": commits.write_step_kwargs()} if writes else {})},
+            batch_format="pyarrow",
+            zero_copy_batch=True,
+            udf_modifying_row_count=writes,  # a writing replica returns one metadata row per file
+            **kwargs,
+        )
     if not writes_in_stage:
         ds = ds.map_batches(
             write_block,
