@@ -42,10 +42,14 @@ def hanging_config(tmp_path: Path, hang_id: int, kind: type[Stage] = Stage, **kw
 @pytest.fixture(scope="module")
 def warm_ray(ray_local, tmp_path_factory):
     """The watchdog counts the stages' start-up. A cold local Ray took 17 s to its first batch on
-    this loaded 2-core machine (6 s warm): warm its worker pool first, on an output of its own."""
+    this loaded 2-core machine (6 s warm): warm its worker pool first, on an output of its own.
+
+    With a transform first, so that read tasks run and leave their workers idle for the next
+    run's (replicas on CPUs read in their own processes, which end with the run).
+    """
     tmp_path = tmp_path_factory.mktemp("warm")
     write_input(tmp_path / "in", [100])
-    run_batch_inference(hanging_config(tmp_path, hang_id=-1))
+    run_batch_inference(hanging_config(tmp_path, hang_id=-1, kind=TransformStage))
 
 
 def process_gone(pid: int, within_s: float) -> bool:
