@@ -127,10 +127,20 @@ print("SUMMARY " + json.dumps(run_batch_inference(cfg).to_dict()))
 """
 
 
+def own_ray_env(env: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """A temp dir for a child process's own Ray, and the child's environment that points Ray there."""
+    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths are length-limited
+    return ray_tmp, {
+        **os.environ,
+        "RAY_TMPDIR": ray_tmp,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        **(env or {}),
+    }
+
+
 def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True, **config_kwargs):
     """Run the pipeline in its own process, with its own embedded Ray in its own temp dir."""
-    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths are length-limited
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **(env or {})}
+    ray_tmp, env = own_ray_env(env)
     args = [
         sys.executable,
         "-c",
@@ -495,8 +505,7 @@ print("PLANS " + json.dumps(recorder.plans))
 
 def test_a_replica_on_a_gpu_leaves_reading_and_writing_to_tasks(tmp_path):
     write_input(tmp_path / "in", [250, 130])
-    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")
-    env = {**os.environ, "RAY_TMPDIR": ray_tmp, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    ray_tmp, env = own_ray_env()
     args = [sys.executable, "-c", GPU_SCRIPT, str(tmp_path / "in"), str(tmp_path / "out")]
     try:
         done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
