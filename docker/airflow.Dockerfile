@@ -16,8 +16,12 @@ ARG PROVIDER_VERSION=0.1.0
 # the `torch` extra in pyproject.toml allows torch >=2.13,<2.15.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ARG TORCH_VERSION=2.13.0+cpu
+# Where pip reads the constraints: Airflow's published file for this Airflow and Python (the
+# default), or a file in the image: `--build-arg AIRFLOW_CONSTRAINTS=/opt/raybatch/constraints.txt`
+# takes this repository's pins (copied below), for builds that cannot reach GitHub.
+ARG AIRFLOW_CONSTRAINTS=https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${PYTHON_VERSION}.txt
 
-COPY --chown=airflow:0 pyproject.toml README.md /opt/raybatch/
+COPY --chown=airflow:0 pyproject.toml README.md constraints.txt /opt/raybatch/
 COPY --chown=airflow:0 airflow_provider_raybatch /opt/raybatch/airflow_provider_raybatch
 COPY --chown=airflow:0 dags /opt/airflow/dags
 
@@ -25,7 +29,7 @@ COPY --chown=airflow:0 dags /opt/airflow/dags
 # constraints for that version and Python, so installing the provider cannot move them.
 RUN pip install --no-cache-dir \
         --extra-index-url "${TORCH_INDEX_URL}" \
-        --constraint "https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${PYTHON_VERSION}.txt" \
+        --constraint "${AIRFLOW_CONSTRAINTS}" \
         "apache-airflow==${AIRFLOW_VERSION}" \
         "torch==${TORCH_VERSION}" \
         "/opt/raybatch[examples,amazon]" \

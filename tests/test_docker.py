@@ -91,11 +91,51 @@ def test_compose_parses_and_wires_the_stack(compose):
     assert "--head" in head and "--dashboard-host=0.0.0.0" in head and "--block" in head
     gcs_port = re.search(r"--port=(\d+)", head).group(1)
     assert f"--address=ray-head:{gcs_port}" in worker and "--block" in worker
-    assert "8265:8265" in services["ray-head"]["ports"]
-    assert services["airflow-apiserver"]["ports"] == ["8080:8080"]
+    published = {
+        name: [interpolate(port, env_example()) for port in service.get("ports", [])]
+        for name, service in services.items()
+    }
+    assert published["ray-head"] == ["127.0.0.1:8265:8265"]
+    assert published["airflow-apiserver"] == ["127.0.0.1:8080:8080"]
+    assert published["minio"] == ["127.0.0.1:9000:9000", "127.0.0.1:9001:9001"]
     assert service_env(compose, "airflow-scheduler")["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith(
         "postgresql+psycopg2://airflow:"
     )
+
+
+def test_the_init_creates_the_pool_the_example_dag_uses(compose):
+    """A task whose pool does not exist is never queued: airflow-init creates the DAG's pool."""
+    init = compose["services"]["airflow-init"]
+    command = [interpolate(part, env_example()) for part in init["command"]]
+    assert command[:3] == ["pools", "set", "raybatch_gpu"] and int(command[3]) >= 1, command
+    # The official image's entrypoint prefixes `airflow` after the migration and the admin user.
+    assert init["environment"]["_AIRFLOW_DB_MIGRATE"] == "true"
+    for service in AIRFLOW_SERVICES:
+        assert service_env(compose, service)["RAYBATCH_POOL"] == command[2], service
+    dag = (REPO / "dags" / "daily_batch_inference.py").read_text()
+    assert 'pool=os.environ.get("RAYBATCH_POOL", "raybatch_gpu")' in dag
+
+
+def test_the_ray_worker_sets_its_fixed_port_apart_from_the_heads(compose):
+    """On one host's network (network_mode: host) two nodes would collide on the dashboard agent's
+    port, the one port a node opens at a fixed number (52365 by default)."""
+    worker = interpolate(compose["services"]["ray-worker"]["command"], env_example())
+    port = re.search(r"--dashboard-agent-listen-port=(\d+)", worker)
+    assert port and int(port.group(1)) != 52365
+    assert "--dashboard-agent-listen-port" not in compose["services"]["ray-head"]["command"]
+    readme = (DOCKER / "README.md").read_text()
+    assert "network_mode: host" in readme and "--dashboard-agent-listen-port=52366" in readme
+
+
+def test_the_airflow_image_takes_its_constraints_from_a_build_argument():
+    text = (DOCKER / "airflow.Dockerfile").read_text()
+    default = re.search(r"^ARG AIRFLOW_CONSTRAINTS=(\S+)$", text, re.M).group(1)
+    assert default == (
+        "https://raw.githubusercontent.com/apache/airflow/constraints-${AIRFLOW_VERSION}/constraints-${PYTHON_VERSION}.txt"
+    )
+    assert '--constraint "${AIRFLOW_CONSTRAINTS}"' in text
+    # The repository's pins are in the image, for --build-arg AIRFLOW_CONSTRAINTS=/opt/raybatch/constraints.txt.
+    assert re.search(r"^COPY .*\bconstraints\.txt\b.* /opt/raybatch/$", text, re.M)
 
 
 def test_every_required_variable_is_in_the_env_example():
@@ -192,7 +232,7 @@ def test_aws_connection_env_reaches_the_store(compose, monkeypatch):
     env = service_env(compose, "airflow-scheduler")
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", env["AIRFLOW_CONN_AWS_DEFAULT"])
     minio = service_env(compose, "minio")
-    assert "9000:9000" in compose["services"]["minio"]["ports"]
+    assert any(port.endswith(":9000") for port in compose["services"]["minio"]["ports"])
     assert storage_options("aws_default") == {
         "s3": {
             "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "us-east-1"},
@@ -236,3 +276,46 @@ def test_hadolint_finds_no_error(name):
         ["hadolint", "--failure-threshold", "error", str(DOCKER / name)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_stand_in_bases_cover_every_base_image_and_stay_in_the_test_tree(compose):
+    """tests/docker builds stand-ins for the official bases (no registry there): one per image the
+    project's Dockerfiles and compose file name, and none of them used from docker/."""
+    from tests.docker.images import STANDINS, standin_tags
+
+    tags = standin_tags()
+    assert tags == {
+        "airflow": "apache/airflow:3.3.2-python3.11",
+        "ray": "rayproject/ray:2.60.0-py311",
+        "postgres": compose["services"]["postgres"]["image"],
+        "minio": interpolate(compose["services"]["minio"]["image"], {}),
+    }
+    for name in [*tags, "base"]:
+        assert (STANDINS / name / "Dockerfile").is_file(), name
+    for path in [*DOCKER.glob("*Dockerfile"), DOCKER / "compose.yaml"]:
+        assert "standin" not in path.read_text(), f"{path.name} must not use the tests' stand-ins"
+    assert "stand-in" in (DOCKER / "README.md").read_text() and "stand-in" in (REPO / "README.md").read_text()
+
+
+def test_a_changed_stand_in_definition_is_built_again(tmp_path, monkeypatch):
+    """A stand-in is reused while its label holds the digest of its definition: a change to one
+    stand-in's folder changes its digest only; a change to the base changes every digest."""
+    from tests.docker import images
+
+    try:
+        images.stand_in_python()
+    except images.StandinsUnavailable as reason:
+        pytest.skip(str(reason))
+    copy = tmp_path / "standins"
+    shutil.copytree(images.STANDINS, copy)
+    monkeypatch.setattr(images, "STANDINS", copy)
+    names = list(images.standin_tags())
+    before = {name: images.definition_digest(name) for name in names}
+    assert len(set(before.values())) == len(names)
+    with (copy / "minio" / "entrypoint").open("a") as f:
+        f.write("# changed\n")
+    after = {name: images.definition_digest(name) for name in names}
+    assert [name for name in names if after[name] != before[name]] == ["minio"]
+    with (copy / "base" / "Dockerfile").open("a") as f:
+        f.write("# changed\n")
+    assert all(images.definition_digest(name) != after[name] for name in names)

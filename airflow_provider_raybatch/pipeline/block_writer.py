@@ -12,6 +12,9 @@ checks them across a range's blocks.
 
 Each write step also leaves its metadata beside its files (a receipt), which the driver reads
 back when the stream fails before the metadata reached it.
+
+When the last stage's replicas reserve only CPUs, they write their own rows
+(:class:`WritingStageWorker`) and there is no separate write step.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.errors import RayBatchError, StageError
 from airflow_provider_raybatch.pipeline.ledger import tmp_name
 from airflow_provider_raybatch.pipeline.stages import (
@@ -31,6 +35,7 @@ from airflow_provider_raybatch.pipeline.stages import (
     INTERNAL_PREFIX,
     KEEP_PREFIX,
     RANGE_COLUMN,
+    StageWorker,
     output_columns,
     rejects_table,
     split_by_range,
@@ -144,6 +149,21 @@ def write_block(
     if rows:
         _leave_receipt(fs, f"{folder}/block-{block_id}{RECEIPT_SUFFIX}", metadata)
     return metadata
+
+
+class WritingStageWorker(StageWorker):
+    """A last stage's replica on CPUs, which writes its own rows: no write task, no hop through the object store.
+
+    It scores each block as :class:`StageWorker` does and writes it as :func:`write_block` does,
+    returning the files' metadata.
+    """
+
+    def __init__(self, stage: Stage, write: dict[str, Any]):
+        super().__init__(stage)
+        self.write = write
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        return write_block(super().__call__(block), **self.write)
 
 
 def _leave_receipt(fs: AbstractFileSystem, path: str, metadata: pa.Table) -> None:

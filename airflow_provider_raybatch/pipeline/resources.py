@@ -83,6 +83,21 @@ class ReplicaResources:
         ):
             raise ConfigError(f"{where}: resources must be a dict of resource name to amount, got {self.resources!r}")
 
+    @property
+    def cpus_only(self) -> bool:
+        """Whether a replica reserves no GPU or accelerator, only what a read or write task could use."""
+        return not self.num_gpus and not self.accelerator_type
+
+    def reservation(self) -> dict[str, Any]:
+        """What one replica reserves, as Ray Data's ``map_batches`` and ``read_datasource`` take it."""
+        return {
+            "num_cpus": self.num_cpus,
+            "num_gpus": self.num_gpus,
+            "memory": self.memory,
+            "accelerator_type": self.accelerator_type,
+            "resources": self.resources,
+        }
+
     def map_batches_kwargs(self) -> dict[str, Any]:
         """Ray Data ``map_batches`` arguments for an actor pool of these replicas."""
         from ray.data import ActorPoolStrategy
@@ -91,24 +106,18 @@ class ReplicaResources:
             compute = ActorPoolStrategy(min_size=self.min_replicas, max_size=self.max_replicas)
         else:
             compute = ActorPoolStrategy(size=self.concurrency)
-        return {
-            "batch_size": self.batch_size,
-            "compute": compute,
-            "num_cpus": self.num_cpus,
-            "num_gpus": self.num_gpus,
-            "memory": self.memory,
-            "accelerator_type": self.accelerator_type,
-            "resources": self.resources,
-        }
+        return {"batch_size": self.batch_size, "compute": compute, **self.reservation()}
 
 
-def check_cluster_resources(stages: Sequence[tuple[str, ReplicaResources]]) -> None:
+def check_cluster_resources(stages: Sequence[tuple[str, ReplicaResources]], read_cpus: float = READ_CPUS) -> None:
     """Refuse what the cluster cannot run: Ray Data would otherwise wait silently, forever.
 
-    Counts each stage's minimum replicas, and :data:`READ_CPUS` for reading. Call it where the
+    Counts each stage's minimum replicas, and ``read_cpus`` for reading. Call it where the
     pipeline runs, after Ray is up.
 
     :param stages: each stage's name (for the errors) and resources, in order.
+    :param read_cpus: CPUs that read tasks need beside the replicas (none when the first stage's
+        replicas read).
     """
     import ray
 
@@ -138,10 +147,11 @@ def check_cluster_resources(stages: Sequence[tuple[str, ReplicaResources]]) -> N
     if gpu_need > gpus:
         raise ConfigError(f"the stages need {gpu_need:g} GPUs (replicas x num_gpus) but the Ray cluster has {gpus:g}")
     cpu_need = sum(s.num_cpus * s.min_replicas for _, s in stages)
-    if cpu_need + READ_CPUS > cpus:
+    if cpu_need + read_cpus > cpus:
         detail = ", ".join(f"{name}: {s.min_replicas} x {s.num_cpus:g}" for name, s in stages)
+        reading = f" and reading needs {read_cpus:g}" if read_cpus else ""
         raise ConfigError(
-            f"the stages reserve {cpu_need:g} CPUs (replicas x num_cpus: {detail}) and reading needs {READ_CPUS}, "
+            f"the stages reserve {cpu_need:g} CPUs (replicas x num_cpus: {detail}){reading}, "
             f"but the Ray cluster has {cpus:g} CPUs: the pipeline would stall waiting for a CPU. "
             "Lower concurrency or num_cpus (fractions such as 0.5 are allowed)."
         )

@@ -4,6 +4,14 @@ Ray Data reads one task per pending range, runs each stage as an actor pool, and
 block's rows where they are (:func:`.block_writer.write_block`). This driver receives only the
 written files' metadata and commits a range (:class:`.range_commits.RangeCommits`) as soon as its
 files hold all its rows.
+
+Stages whose replicas reserve only CPUs also read and write: the first one's replicas read
+their ranges (Ray Data fuses a read into the next operator when both reserve the same), and the
+last one's write their rows (:class:`.block_writer.WritingStageWorker`). A light model then runs
+like a plain loop in each replica, with no rows crossing the object store and no worker
+processes besides the replicas. A replica that holds a GPU leaves reading and writing to tasks on
+CPUs, so that the GPU does not wait for storage, and gets its batches from Ray Data, full across
+blocks.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.block_writer import write_block, write_step_resources
+from airflow_provider_raybatch.pipeline.block_writer import WritingStageWorker, write_block, write_step_resources
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
 from airflow_provider_raybatch.pipeline.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
@@ -84,8 +92,11 @@ def _process(
             transforms = {
                 i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
             }
-            check_cluster_resources([(s.display_name, s) for s in config.stages])
-            _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms)
+            reads_in_stage = 0 not in transforms and config.stages[0].cpus_only
+            check_cluster_resources(
+                [(s.display_name, s) for s in config.stages], read_cpus=0 if reads_in_stage else READ_CPUS
+            )
+            _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage)
     return progress
 
 
@@ -97,6 +108,7 @@ def _stream(
     keep: list[str],
     in_fs: AbstractFileSystem,
     transforms: dict[int, Any],
+    reads_in_stage: bool,
 ) -> None:
     import ray
     from ray.data import DataContext
@@ -110,27 +122,39 @@ def _stream(
     # pipeline's throughput in benchmarks/throughput.py. Ranges are split only when there are
     # fewer than replicas, so that every replica still gets work.
     replicas = max(s.max_replicas for s in config.stages)
-    ds = ray.data.read_datasource(datasource, num_cpus=READ_CPUS, override_num_blocks=max(len(pending), replicas))
+    last = len(config.stages) - 1
+    # Reserving what the first stage's replicas reserve lets Ray Data fuse the read into them.
+    reservation = config.stages[0].reservation() if reads_in_stage else {"num_cpus": READ_CPUS}
+    ds = ray.data.read_datasource(datasource, override_num_blocks=max(len(pending), replicas), **reservation)
+    writes_in_stage = last not in transforms and config.stages[last].cpus_only
     for index, stage in enumerate(config.stages):
         if index in transforms:
             ds = transforms[index](ds)
             continue
+        kwargs = stage.map_batches_kwargs()
+        if stage.cpus_only:
+            # Whole blocks, scored batch_size rows at a time by the replica (StageWorker): with a
+            # batch size, Ray Data would not fuse the read into the replicas, and a writing
+            # replica would write a file per batch.
+            kwargs["batch_size"] = None
+        writes = index == last and writes_in_stage
         ds = ds.map_batches(
-            StageWorker,
-            fn_constructor_kwargs={"stage": stage},
+            WritingStageWorker if writes else StageWorker,
+            fn_constructor_kwargs={"stage": stage, **({"write": commits.write_step_kwargs()} if writes else {})},
             batch_format="pyarrow",
             zero_copy_batch=True,
-            udf_modifying_row_count=False,
-            **stage.map_batches_kwargs(),
+            udf_modifying_row_count=writes,  # a writing replica returns one metadata row per file
+            **kwargs,
         )
-    ds = ds.map_batches(
-        write_block,
-        fn_kwargs=commits.write_step_kwargs(),
-        batch_format="pyarrow",
-        zero_copy_batch=True,
-        batch_size=None,
-        **write_step_resources(ray.cluster_resources().get("CPU", 1)),
-    )
+    if not writes_in_stage:
+        ds = ds.map_batches(
+            write_block,
+            fn_kwargs=commits.write_step_kwargs(),
+            batch_format="pyarrow",
+            zero_copy_batch=True,
+            batch_size=None,
+            **write_step_resources(ray.cluster_resources().get("CPU", 1)),
+        )
     with Watchdog(config.progress_timeout, commits.progress, config.stages, ds) as watchdog:
         try:
             for metadata in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):

@@ -79,6 +79,8 @@ class StageWorker:
     def __init__(self, stage: Stage):
         self.name = stage.display_name
         self.batch_format = stage.batch_format
+        # Replicas on CPUs get whole blocks from Ray Data (see the runner) and slice them here.
+        self.rows_per_call = stage.batch_size if stage.cpus_only else None
         target = resolve_predictor(stage)
         if inspect.isclass(target):
             self.fn, self.kwargs = target(**stage.predictor_kwargs), {}
@@ -86,6 +88,17 @@ class StageWorker:
             self.fn, self.kwargs = target, dict(stage.predictor_kwargs)
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        size = self.rows_per_call
+        if not size or table.num_rows <= size:
+            return self._score(table)
+        scored = [self._score(table.slice(i, size)) for i in range(0, table.num_rows, size)]
+        try:
+            # As Ray Data joins batches into a block: missing columns become nulls, numbers widen.
+            return pa.concat_tables(scored, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise StageError(f"stage {self.name!r} returned batches whose columns do not fit together: {e}") from e
+
+    def _score(self, table: pa.Table) -> pa.Table:
         table, rejected = split_rejected(table)
         if table.num_rows == 0:
             return rejected

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,17 +127,22 @@ print("SUMMARY " + json.dumps(run_batch_inference(cfg).to_dict()))
 """
 
 
-def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True, **config_kwargs):
-    """Run the pipeline in its own process, with its own embedded Ray in its own temp dir."""
+def own_ray_env(env: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
+    """A temp dir for a child process's own Ray, and the child's environment that points Ray there."""
     ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths are length-limited
     # A Ray of its own (per-task, with its reaper): these tests kill, freeze and race such processes.
-    env = {
+    return ray_tmp, {
         **os.environ,
         "RAY_TMPDIR": ray_tmp,
         "RAYBATCH_LOCAL_RAY": "per-task",
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         **(env or {}),
     }
+
+
+def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True, **config_kwargs):
+    """Run the pipeline in its own process, with its own embedded Ray in its own temp dir."""
+    ray_tmp, env = own_ray_env(env)
     args = [
         sys.executable,
         "-c",
@@ -278,9 +285,9 @@ def test_empty_input_files_commit_an_empty_readable_output(tmp_path):
         ({"output_path": "{tmp}/in"}, ConfigError, "overlaps input path"),
         ({"num_gpus": 1}, ConfigError, r"num_gpus=1 per replica but the Ray cluster has 0 GPU"),
         (
-            {"concurrency": 2},
+            {"concurrency": 64},
             ConfigError,
-            r"reserve 2 CPUs \(replicas x num_cpus: LoadMarker: 2 x 1\) and reading needs 1.*stall",
+            r"reserve 64 CPUs \(replicas x num_cpus: LoadMarker: 64 x 1\), but the Ray cluster has \d+ CPUs.*stall",
         ),
         ({"concurrency": (3, 2)}, ConfigError, "concurrency must be"),
         ({"keep_columns": ["nope"]}, InputError, r"keep_columns \['nope'\] are not input columns"),
@@ -430,3 +437,88 @@ def test_a_crash_while_records_wait_for_their_batch_redoes_only_those_ranges(tmp
     summary = run_batch_inference(config(tmp_path))
     assert summary.ranges_skipped == 0 and summary.rows_processed == 800
     assert_output_sound(out, range(800))
+
+
+# --- where rows are read and written -----------------------------------------------------------
+
+
+PLAN_LOGGER = "ray.data._internal.execution.streaming_executor"
+
+
+class PlanRecorder(logging.Handler):
+    """Records the execution plans Ray Data logs (its operators, after fusion)."""
+
+    def __init__(self):
+        super().__init__()
+        self.plans: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if m := re.search(r"Execution plan of Dataset \S+: (.*)", record.getMessage()):
+            self.plans.append(m.group(1))
+
+    def __enter__(self) -> PlanRecorder:
+        logging.getLogger(PLAN_LOGGER).addHandler(self)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        logging.getLogger(PLAN_LOGGER).removeHandler(self)
+
+
+def test_replicas_on_cpus_read_and_write_their_own_rows(tmp_path):
+    write_input(tmp_path / "in", [250, 130])
+    stages = [Stage("tests.predictors:normalize", batch_size=40), Stage("tests.predictors:SumModel", batch_size=40)]
+    with PlanRecorder() as recorder:
+        run_batch_inference(config(tmp_path, stages=stages))
+    (plan,) = recorder.plans
+    # Rows cross no object store: the first stage's replicas read, the last one's write.
+    assert plan == (
+        "InputDataBuffer[Input] -> ActorPoolMapOperator[ReadRange->MapBatches(StageWorker)] -> "
+        "ActorPoolMapOperator[MapBatches(WritingStageWorker)]"
+    ), plan
+    out = read_output(tmp_path / "out")
+    assert_exactly_once(out, range(380))
+    # Batches of 40 rows inside blocks of 100: a range's rows still go to one file.
+    assert len(list((tmp_path / "out").glob("part-*.parquet"))) == 3 + 2
+
+
+GPU_SCRIPT = """
+import json, logging, sys
+import ray
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.ray_runtime import python_path_runtime_env
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from tests.pipeline.test_runner import PlanRecorder
+# A GPU declared to Ray (none is there): the model stage reserves it, and its code runs on CPU.
+ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env=python_path_runtime_env())
+def config(output, *stages):
+    return BatchInferenceConfig(sys.argv[1], output, list(stages), id_column="id", rows_per_range=100)
+try:  # read tasks need a CPU of their own beside a GPU stage's replicas
+    run_batch_inference(config(sys.argv[2] + "-refused", Stage("tests.predictors:SumModel", num_cpus=2, num_gpus=1)))
+except Exception as e:
+    print("REFUSED " + str(e))
+stages = [Stage("tests.predictors:normalize", batch_size=40),
+          Stage("tests.predictors:SumModel", batch_size=40, num_gpus=1)]
+with PlanRecorder() as recorder:
+    run_batch_inference(config(sys.argv[2], *stages))
+ray.shutdown()
+print("PLANS " + json.dumps(recorder.plans))
+"""
+
+
+def test_a_replica_on_a_gpu_leaves_reading_and_writing_to_tasks(tmp_path):
+    write_input(tmp_path / "in", [250, 130])
+    ray_tmp, env = own_ray_env()
+    args = [sys.executable, "-c", GPU_SCRIPT, str(tmp_path / "in"), str(tmp_path / "out")]
+    try:
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        kill_leftovers(ray_tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "reserve 2 CPUs (replicas x num_cpus: SumModel: 1 x 2) and reading needs 1" in done.stdout, done.stdout
+    (plans,) = [json.loads(line[6:]) for line in done.stdout.splitlines() if line.startswith("PLANS ")]
+    # The GPU stage neither reads nor writes: tasks on CPUs do, while it scores the next block.
+    assert plans == [
+        "InputDataBuffer[Input] -> ActorPoolMapOperator[ReadRange->MapBatches(StageWorker)] -> "
+        "ActorPoolMapOperator[MapBatches(StageWorker)] -> TaskPoolMapOperator[MapBatches(write_block)]"
+    ], plans
+    assert_exactly_once(read_output(tmp_path / "out"), range(380))
