@@ -4,6 +4,8 @@ Same Parquet, same model (benchmarks.model.MLP), same batch size and torch threa
 run in its own process, the variants back to back for each size, so ratios come from one run.
 Two models by default: ``heavy`` (32-256-256-10, inference is most of the time) and ``light``
 (32-64-10, the data path shows), where Daft's class UDF on its native runner is the reference.
+``operator`` starts a Ray for its task, as ``RAYBATCH_LOCAL_RAY=per-task`` does;
+``operator_shared`` runs on the host's shared local Ray, warm (an untimed first run starts it).
 
     python benchmarks/throughput.py                                # 1M and 4M rows, both models
     python benchmarks/throughput.py --rows 200000 --model light    # quick
@@ -11,7 +13,9 @@ Two models by default: ``heavy`` (32-256-256-10, inference is most of the time) 
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
@@ -31,7 +35,8 @@ from benchmarks.common import (
 )
 from benchmarks.model import SHAPES
 
-VARIANTS = ["plain", "operator", "handwritten_arrow", "handwritten", "daft"]
+VARIANTS = ["plain", "operator", "operator_shared", "handwritten_arrow", "handwritten", "daft"]
+OPERATORS = ("operator", "operator_shared")
 MODELS = ["heavy", "light"]
 #: Targets per model, as speed ratios (the other's time over the operator's): the operator's
 #: rows/s over each baseline's at the largest size (the hand-written one at every size).
@@ -67,6 +72,22 @@ def main(argv: list[str] | None = None) -> Results:
     if skipped_daft:
         results.note(f"daft: not run, {DAFT_PYTHON} is missing; {DAFT_ENV_HINT}")
 
+    shared_dir = tempfile.mkdtemp(prefix="rbw", dir="/tmp")  # short: Ray's socket paths are length-limited
+    shared_env = {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": shared_dir}
+    try:
+        if "operator_shared" in variants:
+            run_variant("ray_start", {}, shared_env)  # starts the shared head: the timed runs find it warm
+        measure(args, results, variants, shared_env)
+    finally:
+        from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
+
+        stop_shared_heads(shared_dir)
+        shutil.rmtree(shared_dir, ignore_errors=True)
+    results.write()
+    return results
+
+
+def measure(args, results: Results, variants: list[str], shared_env: dict[str, str]) -> None:
     walls: dict[str, dict[int, dict[str, float]]] = {m: {} for m in args.model}
     for rows in args.rows:
         input_path = make_input(args.work_dir, rows)
@@ -77,8 +98,11 @@ def main(argv: list[str] | None = None) -> Results:
                 for variant in variants:  # interleaved: load changes hit every variant alike
                     output = args.work_dir / f"out-throughput-{variant}"
                     params = common_params(args, input_path, output, model)
-                    result = run_variant(variant, params, python=DAFT_PYTHON if variant == "daft" else None)
-                    if variant == "operator":
+                    if variant == "operator_shared":
+                        result = run_variant("operator", params, shared_env)
+                    else:
+                        result = run_variant(variant, params, python=DAFT_PYTHON if variant == "daft" else None)
+                    if variant in OPERATORS:
                         result.update(commit_timeline(output, result["started_at"]))
                     runs[variant].append(result)
             wall = walls[model][rows] = {v: median(r["wall_s"] for r in runs[v]) for v in variants}
@@ -101,47 +125,46 @@ def main(argv: list[str] | None = None) -> Results:
             check_ratios(results, model, rows, wall, largest=rows == max(args.rows))
     for model in args.model:
         check_marginal(results, model, walls[model])
-    results.write()
-    return results
 
 
 def check_ratios(results: Results, model: str, rows: int, wall: dict[str, float], largest: bool) -> None:
-    """The operator's speed over each baseline's; against its target at the largest size."""
-    if "operator" not in wall:
-        return
+    """Each operator variant's speed over each baseline's; against its target at the largest size."""
     targets = TARGETS.get(model, {})
-    for baseline in ("plain", "daft", "handwritten", "handwritten_arrow"):
-        if baseline not in wall:
-            continue
-        # A ratio of speeds (rows/s): the baseline's time over the operator's.
-        value = ratio(wall[baseline], wall["operator"])
-        target = targets.get(baseline)
-        met = None if target is None or not (largest or baseline == "handwritten") else value >= target
-        shown = "(none)" if target is None else f">= {target}x"
-        results.check(f"{rows:,} rows, {model}: operator/{baseline} rows/s", value, shown, met)
+    for operator in [v for v in OPERATORS if v in wall]:
+        for baseline in ("plain", "daft", "handwritten", "handwritten_arrow"):
+            if baseline not in wall:
+                continue
+            # A ratio of speeds (rows/s): the baseline's time over the operator's.
+            value = ratio(wall[baseline], wall[operator])
+            target = targets.get(baseline)
+            met = None if target is None or not (largest or baseline == "handwritten") else value >= target
+            shown = "(none)" if target is None else f">= {target}x"
+            results.check(f"{rows:,} rows, {model}: {operator}/{baseline} rows/s", value, shown, met)
 
 
 def check_marginal(results: Results, model: str, walls: dict[int, dict[str, float]]) -> None:
-    """Rows/s between the smallest and largest size, where fixed costs cancel: operator over plain."""
+    """Rows/s between the smallest and largest size, where fixed costs cancel: each operator over plain."""
     if len(walls) < 2:
         return
     small, large = min(walls), max(walls)
-    if not {"operator", "plain"} <= set(walls[small]) & set(walls[large]):
+    measured = set(walls[small]) & set(walls[large])
+    if "plain" not in measured:
         return
-    spent = {v: walls[large][v] - walls[small][v] for v in ("operator", "plain")}
-    if min(spent.values()) <= 0:  # sizes too close to tell apart from noise: no rate to compare
-        results.note(f"{model}: no marginal rate, a run of {large:,} rows took no longer than one of {small:,}")
-        return
-    marginal = {v: (large - small) / spent[v] for v in spent}
-    value = ratio(marginal["operator"], marginal["plain"])
-    target = MARGINAL_TARGETS.get(model)
-    results.check(
-        f"{small:,} -> {large:,} rows, {model}: operator/plain marginal rows/s "
-        f"({marginal['operator']:,.0f} vs {marginal['plain']:,.0f})",
-        value,
-        "(none)" if target is None else f">= {target}x",
-        None if target is None else value >= target,
-    )
+    for operator in [v for v in OPERATORS if v in measured]:
+        spent = {v: walls[large][v] - walls[small][v] for v in (operator, "plain")}
+        if min(spent.values()) <= 0:  # sizes too close to tell apart from noise: no rate to compare
+            results.note(f"{model}, {operator}: no marginal rate, {large:,} rows took no longer than {small:,}")
+            continue
+        marginal = {v: (large - small) / spent[v] for v in spent}
+        value = ratio(marginal[operator], marginal["plain"])
+        target = MARGINAL_TARGETS.get(model)
+        results.check(
+            f"{small:,} -> {large:,} rows, {model}: {operator}/plain marginal rows/s "
+            f"({marginal[operator]:,.0f} vs {marginal['plain']:,.0f})",
+            value,
+            "(none)" if target is None else f">= {target}x",
+            None if target is None else value >= target,
+        )
 
 
 if __name__ == "__main__":

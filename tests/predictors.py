@@ -72,6 +72,18 @@ class SlowScore:
         return {"score": batch["features"].sum(axis=1)}
 
 
+class WaitWhileMarked:
+    """Scores once the marker file is gone: a run that holds its replicas until a test lets it go."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        while os.path.exists(self.marker):
+            time.sleep(0.1)
+        return {"score": batch["features"].sum(axis=1)}
+
+
 class FailWhileMarked:
     """Raises on rows with id >= fail_from_id while the marker file exists (a failing first try).
 

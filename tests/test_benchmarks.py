@@ -25,6 +25,7 @@ def test_throughput_script_runs_and_writes_its_results(tmp_path):
             "--variants",
             "plain",
             "operator",
+            "operator_shared",
             "--model",
             "heavy",
         ]
@@ -37,8 +38,13 @@ def test_throughput_script_runs_and_writes_its_results(tmp_path):
     results = json.loads((out / "throughput.json").read_text())
     assert results["benchmark"] == "throughput"
     assert {"nproc", "cpu_model", "ram_gib", "date"} <= set(results["machine"])
-    assert [(r["variant"], r["rows"]) for r in results["rows"]] == [("plain", 3000), ("operator", 3000)]
+    assert [(r["variant"], r["rows"]) for r in results["rows"]] == [
+        ("plain", 3000),
+        ("operator", 3000),
+        ("operator_shared", 3000),
+    ]
     assert all(r["rows_per_s"] > 0 for r in results["rows"])
+    assert all(r["task_s"] for r in results["rows"] if r["variant"].startswith("operator"))
     assert "| plain |" in (out / "throughput.md").read_text()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from airflow_provider_raybatch.pipeline.reaper import start_reaper
 from airflow_provider_raybatch.pipeline.shared_ray.auth import restore_auth, use_head_token
+from airflow_provider_raybatch.pipeline.shared_ray.client import SharedRayClient
 from airflow_provider_raybatch.pipeline.shared_ray.head import join_shared_head
 from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings
 
@@ -26,7 +27,7 @@ def python_path_runtime_env() -> dict[str, Any]:
 @contextmanager
 def ray_session(
     address: str | None = None, namespace: str | None = None, local: LocalRaySettings | None = None
-) -> Iterator[None]:
+) -> Iterator[SharedRayClient | None]:
     """Use the Ray already initialised in this process, or connect to one and disconnect after.
 
     With no address the pipeline runs on a local Ray whose workers get this process's
@@ -42,11 +43,13 @@ def ray_session(
     :param address: a cluster to join (``"auto"``: the one this process runs on); None: local.
     :param namespace: the Ray namespace to join.
     :param local: how to get a local Ray; None: from the environment (:meth:`.LocalRaySettings.from_env`).
+    :return: on the shared Ray, this task's client, with which it takes its turn for resources
+        (:meth:`.SharedRayClient.take_share`); otherwise None.
     """
     # Not imported before it is needed: the shared Ray's token is set in the environment Ray reads at import.
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
-        yield
+        yield None
         return
     if address is not None:
         import ray
@@ -54,12 +57,12 @@ def ray_session(
         log.info("Connecting to Ray at %s", address)
         ray.init(address=address, configure_logging=False, namespace=namespace)
         with _shutdown_after():
-            yield
+            yield None
         return
     local = local or LocalRaySettings.from_env()
     if local.shared:
-        with _shared_session(local, namespace):
-            yield
+        with _shared_session(local, namespace) as client:
+            yield client
         return
     if local.mode == "shared":
         log.info("A shared local Ray needs Linux: starting one for this task")
@@ -81,14 +84,14 @@ def ray_session(
         raise
     try:
         with _shutdown_after():
-            yield
+            yield None
     finally:
         if reaper is not None:
             reaper.disarm()
 
 
 @contextmanager
-def _shared_session(local: LocalRaySettings, namespace: str | None) -> Iterator[None]:
+def _shared_session(local: LocalRaySettings, namespace: str | None) -> Iterator[SharedRayClient]:
     started = time.monotonic()
     client = join_shared_head(local)
     try:
@@ -110,7 +113,7 @@ def _shared_session(local: LocalRaySettings, namespace: str | None) -> Iterator[
                 joined - started,
             )
             with _shutdown_after():
-                yield
+                yield client
         finally:
             restore_auth(saved)
     finally:

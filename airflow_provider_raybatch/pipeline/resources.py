@@ -109,11 +109,14 @@ class ReplicaResources:
         return {"batch_size": self.batch_size, "compute": compute, **self.reservation()}
 
 
-def check_cluster_resources(stages: Sequence[tuple[str, ReplicaResources]], read_cpus: float = READ_CPUS) -> None:
+def check_cluster_resources(
+    stages: Sequence[tuple[str, ReplicaResources]], read_cpus: float = READ_CPUS
+) -> dict[str, float]:
     """Refuse what the cluster cannot run: Ray Data would otherwise wait silently, forever.
 
     Counts each stage's minimum replicas, and ``read_cpus`` for reading. Call it where the
-    pipeline runs, after Ray is up.
+    pipeline runs, after Ray is up. Returns that minimum, the CPUs and GPUs the pipeline needs at
+    once to make progress.
 
     :param stages: each stage's name (for the errors) and resources, in order.
     :param read_cpus: CPUs that read tasks need beside the replicas (none when the first stage's
@@ -155,6 +158,7 @@ def check_cluster_resources(stages: Sequence[tuple[str, ReplicaResources]], read
             f"but the Ray cluster has {cpus:g} CPUs: the pipeline would stall waiting for a CPU. "
             "Lower concurrency or num_cpus (fractions such as 0.5 are allowed)."
         )
+    return {"CPU": cpu_need + read_cpus, "GPU": gpu_need}
 
 
 def is_int(value: Any) -> bool:

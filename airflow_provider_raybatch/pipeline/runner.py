@@ -86,16 +86,20 @@ def _process(
             sum(plan.ranges[i].rows for i in pending),
             len(run.committed),
         )
-        with ray_session(ray_address, namespace):
+        with ray_session(ray_address, namespace) as shared:
             # Transforms are built on the driver before anything is scheduled; a factory checks what it
             # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
             transforms = {
                 i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
             }
             reads_in_stage = 0 not in transforms and config.stages[0].cpus_only
-            check_cluster_resources(
+            need = check_cluster_resources(
                 [(s.display_name, s) for s in config.stages], read_cpus=0 if reads_in_stage else READ_CPUS
             )
+            if shared is not None:
+                import ray
+
+                shared.take_share(need, ray.cluster_resources())
             _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage)
     return progress
 

@@ -19,6 +19,7 @@ from airflow_provider_raybatch.pipeline.shared_ray.folder import read_record
 from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
 from airflow_provider_raybatch.pipeline.shared_ray.processes import head_processes
 from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings, head_dir
+from tests.data import assert_output_sound, write_input
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc")
 
@@ -235,6 +236,46 @@ def test_a_sigkilled_task_leaves_no_worker_behind_and_the_head_serves_others_the
         root / "monitor.log"
     ).read_text()
     assert not list((root / "clients").iterdir())
+
+
+# A run whose replica holds a GPU and a CPU, and whose read tasks need another CPU: on a head of
+# 2 CPUs, two such runs started together without turns each got their replica and no read CPU,
+# and neither finished (seen: 150 s).
+PIPELINE = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+stages = [Stage("tests.predictors:WaitWhileMarked", {"marker": sys.argv[3]}, num_gpus=1)]
+run_batch_inference(BatchInferenceConfig(sys.argv[1], sys.argv[2], stages, id_column="id", rows_per_range=500))
+"""
+
+
+def test_tasks_started_together_on_a_small_head_take_turns_instead_of_stalling(shared, tmp_path):
+    env, _ = shared
+    env = {**env, "RAYBATCH_LOCAL_RAY_NUM_CPUS": "2", "RAYBATCH_LOCAL_RAY_NUM_GPUS": "2"}  # GPUs Ray only counts
+    write_input(tmp_path / "in", [2000])
+    marker = tmp_path / "hold"
+    marker.touch()  # the run that gets its turn first holds both CPUs until the marker goes
+    runs = []
+    for name in ("a", "b"):
+        log_file = (tmp_path / f"{name}.log").open("w")
+        args = [sys.executable, "-c", PIPELINE, str(tmp_path / "in"), str(tmp_path / f"out-{name}"), str(marker)]
+        runs.append(
+            (subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT), tmp_path / f"{name}.log")
+        )
+    waiting = (
+        "Waiting for the shared local Ray's CPU: this task needs 2 CPU, 1 GPU at once, "
+        "other tasks hold 2 CPU, 1 GPU of 2 CPU, 2 GPU"
+    )
+    assert wait_until(lambda: any(waiting in path.read_text() for _, path in runs), 180), [
+        path.read_text() for _, path in runs
+    ]
+    marker.unlink()
+    for process, path in runs:
+        assert process.wait(timeout=300) == 0, path.read_text()
+        assert_output_sound(tmp_path / f"out-{path.stem}", range(2000))
+    assert sum("Got this task's share of the shared local Ray after" in path.read_text() for _, path in runs) == 1
 
 
 def test_settings_from_the_environment():

@@ -13,13 +13,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
 import secrets
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.shared_ray.folder import private_dir
+from airflow_provider_raybatch.pipeline.shared_ray.folder import locked, private_dir, shares_held
+
+log = logging.getLogger(__name__)
 
 #: In a job's runtime_env: the file holding the task's environment, for :func:`apply_job_environment`.
 JOB_ENV_FILE_ENV = "RAYBATCH_JOB_ENV"
@@ -54,6 +59,7 @@ class SharedRayClient:
         folder = root / "clients"
         private_dir(folder)
         self.lock_path, self.env_path = folder / f"{self.id}.lock", folder / f"{self.id}.env"
+        self.share_path = folder / f"{self.id}.share"
         env = {k: v for k, v in os.environ.items() if not _RAY_OWNED.match(k)}
         fd = os.open(self.env_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -81,15 +87,52 @@ class SharedRayClient:
         env_vars[JOB_ENV_FILE_ENV] = str(self.env_path)
         return {**base, "env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
 
+    def take_share(self, need: Mapping[str, float], total: Mapping[str, float], poll_s: float = 0.5) -> None:
+        """Wait until the head can give this task ``need`` beside what the other connected tasks
+        took, and take it (``clients/<id>.share``, given back when the task disconnects).
+
+        Without turns, tasks started together on a small head each get some of their replicas
+        (or their replicas but no CPU for their read tasks) and all wait for good. A task that
+        has its turn has its minimum, so it progresses and ends; an admitted task may still wait
+        briefly for CPUs that another task's autoscaled replicas hold.
+
+        :param need: the minimum this task's stages need at once, per Ray resource (``CPU``, ``GPU``).
+        :param total: what the head offers, per resource.
+        """
+        started, last_log = time.monotonic(), None
+        while True:
+            with locked(self.root):
+                held = shares_held(self.root, exclude=self.id)
+                short = [k for k, v in need.items() if v and held.get(k, 0) + v > total.get(k, 0) + 1e-9]
+                if not short:
+                    self.share_path.write_text(json.dumps(dict(need)))
+                    break
+            if last_log is None or time.monotonic() - last_log >= 30:
+                last_log = time.monotonic()
+                log.info(
+                    "Waiting for the shared local Ray's %s: this task needs %s at once, other tasks hold %s of %s",
+                    " and ".join(short),
+                    _amounts(need),
+                    _amounts(held),
+                    _amounts({k: total.get(k, 0) for k in need}),
+                )
+            time.sleep(poll_s)
+        if last_log is not None:
+            log.info("Got this task's share of the shared local Ray after %.1f s", time.monotonic() - started)
+
     def release(self) -> None:
         fd, self._fd = self._fd, None
         if fd is None:
             return
-        for path in (self.env_path, self.lock_path):
+        for path in (self.share_path, self.env_path, self.lock_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         _client_fds.discard(fd)
         os.close(fd)
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    return ", ".join(f"{v:g} {k}" for k, v in resources.items() if v) or "nothing"
 
 
 def apply_job_environment() -> None:

@@ -1,4 +1,4 @@
-"""The shared Ray's folder: its lock, the head's record, the connected tasks' client locks."""
+"""The shared Ray's folder: its lock, the head's record, the connected tasks' client locks and shares."""
 
 from __future__ import annotations
 
@@ -70,26 +70,49 @@ def remove_record(root: Path, monitor_pid: int | None = None) -> None:
             (root / "head.json").unlink()
 
 
+def _held(path: Path) -> bool:
+    """Whether a client lock is held by a live task."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def live_clients(root: Path) -> int:
-    """Client locks held by a live task; a released one (its task ended or was killed) is removed."""
-    folder = root / "clients"
+    """Client locks held by a live task; a released one (its task ended or was killed) is removed
+    with its task's files."""
     count = 0
-    for path in folder.glob("*.lock"):
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    for path in (root / "clients").glob("*.lock"):
+        if _held(path):
             count += 1
             continue
-        finally:
-            os.close(fd)
-        for leftover in (path, path.with_suffix(".env")):
+        for leftover in (path, path.with_suffix(".env"), path.with_suffix(".share")):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
     return count
+
+
+def shares_held(root: Path, exclude: str) -> dict[str, float]:
+    """What the connected tasks other than ``exclude`` (a client id) reserve, summed per resource
+    (``clients/<id>.share``, counted while the task's client lock is held)."""
+    total: dict[str, float] = {}
+    for path in (root / "clients").glob("*.share"):
+        if path.stem == exclude or not _held(path.with_suffix(".lock")):
+            continue
+        try:
+            share = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for name, amount in share.items():
+            total[name] = total.get(name, 0) + amount
+    return total
 
 
 def tail(path: Path, lines: int = 20) -> str:
