@@ -99,7 +99,7 @@ def _process(
             if shared is not None:
                 import ray
 
-                shared.take_share(need, ray.cluster_resources())
+                shared.take_share(need, ray.cluster_resources(), config.progress_timeout)
             _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage)
     return progress
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -247,7 +248,10 @@ logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 stages = [Stage("tests.predictors:WaitWhileMarked", {"marker": sys.argv[3]}, num_gpus=1)]
-run_batch_inference(BatchInferenceConfig(sys.argv[1], sys.argv[2], stages, id_column="id", rows_per_range=500))
+timeout = float(sys.argv[4]) if len(sys.argv) > 4 else None
+run_batch_inference(
+    BatchInferenceConfig(sys.argv[1], sys.argv[2], stages, id_column="id", rows_per_range=500, progress_timeout=timeout)
+)
 """
 
 
@@ -257,13 +261,14 @@ def test_tasks_started_together_on_a_small_head_take_turns_instead_of_stalling(s
     write_input(tmp_path / "in", [2000])
     marker = tmp_path / "hold"
     marker.touch()  # the run that gets its turn first holds both CPUs until the marker goes
-    runs = []
-    for name in ("a", "b"):
-        log_file = (tmp_path / f"{name}.log").open("w")
+
+    def start(name: str, *extra: str) -> tuple[subprocess.Popen, Path]:
+        log_path = tmp_path / f"{name}.log"
         args = [sys.executable, "-c", PIPELINE, str(tmp_path / "in"), str(tmp_path / f"out-{name}"), str(marker)]
-        runs.append(
-            (subprocess.Popen(args, env=env, stdout=log_file, stderr=subprocess.STDOUT), tmp_path / f"{name}.log")
-        )
+        with log_path.open("w") as log_file:
+            return subprocess.Popen([*args, *extra], env=env, stdout=log_file, stderr=subprocess.STDOUT), log_path
+
+    runs = [start("a"), start("b")]
     waiting = (
         "Waiting for the shared local Ray's CPU: this task needs 2 CPU, 1 GPU at once, "
         "other tasks hold 2 CPU, 1 GPU of 2 CPU, 2 GPU"
@@ -271,6 +276,17 @@ def test_tasks_started_together_on_a_small_head_take_turns_instead_of_stalling(s
     assert wait_until(lambda: any(waiting in path.read_text() for _, path in runs), 180), [
         path.read_text() for _, path in runs
     ]
+    holder = next(process for process, path in runs if waiting not in path.read_text())
+
+    # A task that cannot get its turn within its progress_timeout fails, naming who holds the head.
+    late, late_log = start("c", "3")
+    assert late.wait(timeout=120) != 0
+    assert re.search(
+        rf"NoProgressError: waited \d+ s \(progress_timeout\) for the shared local Ray's CPU.*"
+        rf"\(task processes \[{holder.pid}\]\)",
+        late_log.read_text(),
+    ), late_log.read_text()
+
     marker.unlink()
     for process, path in runs:
         assert process.wait(timeout=300) == 0, path.read_text()

@@ -9,7 +9,8 @@ environment (:func:`.settings.head_dir`)::
     lock              flock: deciding to start, replace, join or stop the head is serialised
     head.json         the running head: address, versions, monitor and head pids
     token             the head's auth token (0600; Ray's token auth)
-    clients/<id>.lock held with flock by each task while it is connected; <id>.env its environment
+    clients/<id>.lock held with flock by each task while it is connected; <id>.env its environment,
+                      <id>.share what it took of the head's CPUs and GPUs (tasks take turns)
     monitor.log, head.log
     r/                Ray's temp dir (session_*)
 

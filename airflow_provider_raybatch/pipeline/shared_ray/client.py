@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.errors import NoProgressError
 from airflow_provider_raybatch.pipeline.shared_ray.folder import locked, private_dir, shares_held
 
 log = logging.getLogger(__name__)
@@ -87,35 +88,45 @@ class SharedRayClient:
         env_vars[JOB_ENV_FILE_ENV] = str(self.env_path)
         return {**base, "env_vars": env_vars, "worker_process_setup_hook": SETUP_HOOK}
 
-    def take_share(self, need: Mapping[str, float], total: Mapping[str, float], poll_s: float = 0.5) -> None:
+    def take_share(
+        self, need: Mapping[str, float], total: Mapping[str, float], timeout_s: float | None, poll_s: float = 0.5
+    ) -> None:
         """Wait until the head can give this task ``need`` beside what the other connected tasks
         took, and take it (``clients/<id>.share``, given back when the task disconnects).
 
-        Without turns, tasks started together on a small head each get some of their replicas
-        (or their replicas but no CPU for their read tasks) and all wait for good. A task that
-        has its turn has its minimum, so it progresses and ends; an admitted task may still wait
-        briefly for CPUs that another task's autoscaled replicas hold.
+        Without turns, tasks started together on a small head could each get some of what they
+        need (a replica each, and no CPU left for their read tasks) and wait for good. A task that
+        has its turn has its minimum, so it progresses and ends; it may still wait briefly for
+        CPUs that another task's autoscaled replicas hold.
 
         :param need: the minimum this task's stages need at once, per Ray resource (``CPU``, ``GPU``).
         :param total: what the head offers, per resource.
+        :param timeout_s: how long to wait (the run's ``progress_timeout``); None: as long as it takes.
+        :raises NoProgressError: after ``timeout_s``, naming the tasks that hold the head.
         """
         started, last_log = time.monotonic(), None
         while True:
             with locked(self.root):
-                held = shares_held(self.root, exclude=self.id)
-                short = [k for k, v in need.items() if v and held.get(k, 0) + v > total.get(k, 0) + 1e-9]
+                shares = shares_held(self.root, exclude=self.id)
+                held = {k: sum(s.get(k, 0) for s in shares.values()) for k in need}
+                short = [k for k, v in need.items() if v and held[k] + v > total.get(k, 0) + 1e-9]
                 if not short:
                     self.share_path.write_text(json.dumps(dict(need)))
                     break
+            state = (
+                f"the shared local Ray's {' and '.join(short)}: this task needs {_amounts(need)} at once, "
+                f"other tasks hold {_amounts(held)} of {_amounts({k: total.get(k, 0) for k in need})}"
+            )
+            waited = time.monotonic() - started
+            if timeout_s is not None and waited > timeout_s:
+                pids = sorted({int(client.split("-")[0]) for client in shares})
+                raise NoProgressError(
+                    f"waited {waited:.0f} s (progress_timeout) for {state} (task processes {pids}); "
+                    "a task holds its share until it ends"
+                )
             if last_log is None or time.monotonic() - last_log >= 30:
                 last_log = time.monotonic()
-                log.info(
-                    "Waiting for the shared local Ray's %s: this task needs %s at once, other tasks hold %s of %s",
-                    " and ".join(short),
-                    _amounts(need),
-                    _amounts(held),
-                    _amounts({k: total.get(k, 0) for k in need}),
-                )
+                log.info("Waiting for %s", state)
             time.sleep(poll_s)
         if last_log is not None:
             log.info("Got this task's share of the shared local Ray after %.1f s", time.monotonic() - started)

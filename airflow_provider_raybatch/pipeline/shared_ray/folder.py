@@ -99,20 +99,16 @@ def live_clients(root: Path) -> int:
     return count
 
 
-def shares_held(root: Path, exclude: str) -> dict[str, float]:
-    """What the connected tasks other than ``exclude`` (a client id) reserve, summed per resource
-    (``clients/<id>.share``, counted while the task's client lock is held)."""
-    total: dict[str, float] = {}
+def shares_held(root: Path, exclude: str) -> dict[str, dict[str, float]]:
+    """What each connected task other than ``exclude`` took, by client id (``clients/<id>.share``,
+    counted while the task's client lock is held)."""
+    shares = {}
     for path in (root / "clients").glob("*.share"):
         if path.stem == exclude or not _held(path.with_suffix(".lock")):
             continue
-        try:
-            share = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        for name, amount in share.items():
-            total[name] = total.get(name, 0) + amount
-    return total
+        with contextlib.suppress(OSError, ValueError):
+            shares[path.stem] = json.loads(path.read_text())
+    return shares
 
 
 def tail(path: Path, lines: int = 20) -> str:
