@@ -45,16 +45,7 @@ def main(argv: list[str] | None = None) -> Results:
 
 def per_task(args, results: Results) -> None:
     ray_runs = [run_variant("ray_start", {}) for _ in range(args.repeats)]
-    results.add(
-        case="Ray alone: import + embedded start + shutdown",
-        rows=0,
-        first_commit_s="",
-        wall_s=round(median(r["import_s"] + r["init_s"] + r["shutdown_s"] for r in ray_runs), 2),
-        detail="import {:.2f} s, start {:.2f} s, shutdown {:.2f} s".format(
-            *(median(r[k] for r in ray_runs) for k in ("import_s", "init_s", "shutdown_s"))
-        ),
-        load_avg=ray_runs[-1]["load_avg"],
-    )
+    add_ray_alone(results, "Ray alone: import + embedded start + shutdown", ray_runs, ("start", "shutdown"))
 
     cases = [("one range", SMALL_ROWS), *((f"{rows:,} rows", rows) for rows in args.rows), ("empty input", 0)]
     for case, rows in cases:
@@ -87,6 +78,21 @@ def per_task(args, results: Results) -> None:
             )
 
 
+def add_ray_alone(results: Results, case: str, runs: list[dict], names: tuple[str, str]) -> None:
+    """A row for runs of Ray alone: import, then the start (or connect) and the end, named by ``names``."""
+    steps = ("import_s", "init_s", "shutdown_s")
+    results.add(
+        case=case,
+        rows=0,
+        first_commit_s="",
+        wall_s=round(median(sum(r[k] for k in steps) for r in runs), 2),
+        detail=", ".join(
+            f"{name} {median(r[k] for r in runs):.2f} s" for name, k in zip(("import", *names), steps, strict=True)
+        ),
+        load_avg=runs[-1]["load_avg"],
+    )
+
+
 def shared_warm(args, results: Results) -> None:
     """The same task on the host's shared Ray, warm: the first run (untimed) starts it."""
     from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
@@ -95,27 +101,14 @@ def shared_warm(args, results: Results) -> None:
     env = {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": base}
     try:
         cold = run_variant("ray_start", {}, env)
-        results.add(
-            case="shared Ray, cold: import + start the head + connect + disconnect",
-            rows=0,
-            first_commit_s="",
-            wall_s=round(cold["import_s"] + cold["init_s"] + cold["shutdown_s"], 2),
-            detail="import {import_s:.2f} s, start and connect {init_s:.2f} s, disconnect {shutdown_s:.2f} s".format(
-                **cold
-            ),
-            load_avg=cold["load_avg"],
+        add_ray_alone(
+            results,
+            "shared Ray, cold: import + start the head + connect + disconnect",
+            [cold],
+            ("start and connect", "disconnect"),
         )
         ray_runs = [run_variant("ray_start", {}, env) for _ in range(args.repeats)]
-        results.add(
-            case="shared Ray, warm: import + connect + disconnect",
-            rows=0,
-            first_commit_s="",
-            wall_s=round(median(r["import_s"] + r["init_s"] + r["shutdown_s"] for r in ray_runs), 2),
-            detail="import {:.2f} s, connect {:.2f} s, disconnect {:.2f} s".format(
-                *(median(r[k] for r in ray_runs) for k in ("import_s", "init_s", "shutdown_s"))
-            ),
-            load_avg=ray_runs[-1]["load_avg"],
-        )
+        add_ray_alone(results, "shared Ray, warm: import + connect + disconnect", ray_runs, ("connect", "disconnect"))
         for case, rows in [("one range", SMALL_ROWS), *((f"{rows:,} rows", rows) for rows in args.rows)]:
             input_path = make_input(args.work_dir, rows)
             output = args.work_dir / f"out-fixed-shared-{rows}"
