@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -90,6 +91,7 @@ def shared():
     yield env, root
     stop_shared_heads(base)
     assert head_processes(root) == []
+    shutil.rmtree(base, ignore_errors=True)
 
 
 class Task:
