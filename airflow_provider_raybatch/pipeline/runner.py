@@ -120,16 +120,16 @@ def _stream(
     from airflow_provider_raybatch.pipeline.datasource import RangeDatasource
 
     DataContext.get_current().enable_progress_bars = False  # progress goes to the log, see _Progress
-    datasource = RangeDatasource(in_fs, plan, pending, keep, derive_row_id=config.id_column is None)
-    # One block per range: left to itself, Ray Data splits each read task's output into many
-    # small blocks (20 x 5,000 rows for 10 ranges), and the per-block task overhead halved the
-    # pipeline's throughput in benchmarks/throughput.py. Ranges are split only when there are
-    # fewer than replicas, so that every replica still gets work.
     replicas = max(s.max_replicas for s in config.stages)
+    datasource = RangeDatasource(in_fs, plan, pending, keep, config.id_column is None, replicas)
+    # One block per read task: left to itself, Ray Data splits each read task's output into many
+    # small blocks (20 x 5,000 rows for 10 ranges), and the per-block task overhead halved the
+    # pipeline's throughput in benchmarks/throughput.py. Blocks are split only when there are
+    # fewer than replicas, so that every replica still gets work.
     last = len(config.stages) - 1
     # Reserving what the first stage's replicas reserve lets Ray Data fuse the read into them.
     reservation = config.stages[0].reservation() if reads_in_stage else {"num_cpus": READ_CPUS}
-    ds = ray.data.read_datasource(datasource, override_num_blocks=max(len(pending), replicas), **reservation)
+    ds = ray.data.read_datasource(datasource, override_num_blocks=max(len(datasource.groups), replicas), **reservation)
     writes_in_stage = last not in transforms and config.stages[last].cpus_only
     for index, stage in enumerate(config.stages):
         if index in transforms:

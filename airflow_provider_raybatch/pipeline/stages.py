@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -171,29 +171,32 @@ def rejects_table(rejected: pa.Table) -> pa.Table:
     )
 
 
-def read_range(
+def read_ranges(
     fs: AbstractFileSystem,
     file: InputFile,
-    row_range: RowRange,
-    range_index: int,
+    ranges: Sequence[tuple[int, RowRange]],
     columns: list[str],
     keep: list[str],
     derive_row_id: bool,
 ) -> Iterator[pa.Table]:
-    """Read one range, a row group slice at a time, with its internal columns."""
+    """Read ranges of one file, given as (index, range) in file order, a row group slice at a time,
+    with their internal columns. A row group that several ranges share is decoded once."""
     with fs.open(file.path, "rb") as f:
         parquet = pq.ParquetFile(f)
-        offset = 0
-        for group, group_rows in enumerate(file.row_groups):
-            lo, hi = max(row_range.start, offset), min(row_range.end, offset + group_rows)
-            if lo < hi:
-                try:
-                    table = parquet.read_row_group(group, columns=columns)
-                except (OSError, pa.ArrowException) as e:
-                    table = _read_again(fs, file, group, columns, row_range, e)
-                table = table.slice(lo - offset, hi - lo)
-                yield _with_internal_columns(table, range_index, row_range.file_index, lo, keep, derive_row_id)
-            offset += group_rows
+        cached: tuple[int, pa.Table] | None = None
+        for index, row_range in ranges:
+            offset = 0
+            for group, group_rows in enumerate(file.row_groups):
+                lo, hi = max(row_range.start, offset), min(row_range.end, offset + group_rows)
+                if lo < hi:
+                    if cached is None or cached[0] != group:
+                        try:
+                            cached = group, parquet.read_row_group(group, columns=columns)
+                        except (OSError, pa.ArrowException) as e:
+                            cached = group, _read_again(fs, file, group, columns, row_range, e)
+                    table = cached[1].slice(lo - offset, hi - lo)
+                    yield _with_internal_columns(table, index, row_range.file_index, lo, keep, derive_row_id)
+                offset += group_rows
 
 
 def _read_again(

@@ -14,7 +14,7 @@ from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.prepare import prepare
 from airflow_provider_raybatch.pipeline.range_commits import RECORD_INTERVAL_ENV, RangeCommits
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from airflow_provider_raybatch.pipeline.stages import read_range
+from airflow_provider_raybatch.pipeline.stages import read_ranges
 from airflow_provider_raybatch.pipeline.summary import Progress
 from tests.data import assert_exactly_once, assert_output_sound, read_output, write_input
 from tests.pipeline.test_runner import config
@@ -24,7 +24,7 @@ def scored_block(run, index: int) -> pa.Table:
     """Range ``index`` as the last stage hands it to the write step: its rows with a score."""
     row_range = run.plan.ranges[index]
     file = run.plan.files[row_range.file_index]
-    (table,) = read_range(run.in_fs, file, row_range, index, run.plan.schema.names, run.keep, derive_row_id=False)
+    (table,) = read_ranges(run.in_fs, file, [(index, row_range)], run.plan.schema.names, run.keep, False)
     return table.append_column("score", pa.array([float(i) for i in range(table.num_rows)], pa.float32()))
 
 
