@@ -19,6 +19,7 @@ When the last stage's replicas reserve only CPUs, they write their own rows
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 from uuid import uuid4
 
@@ -154,16 +155,17 @@ def write_block(
 class WritingStageWorker(StageWorker):
     """A last stage's replica on CPUs, which writes its own rows: no write task, no hop through the object store.
 
-    It scores each block as :class:`StageWorker` does and writes it as :func:`write_block` does,
-    returning the files' metadata.
+    It scores each block as :class:`StageWorker` does and writes each run of ranges it hands on as
+    :func:`write_block` does, yielding the files' metadata.
     """
 
     def __init__(self, stage: Stage, write: dict[str, Any]):
         super().__init__(stage)
         self.write = write
 
-    def __call__(self, block: pa.Table) -> pa.Table:
-        return write_block(super().__call__(block), **self.write)
+    def __call__(self, block: pa.Table) -> Iterator[pa.Table]:
+        for scored in super().__call__(block):
+            yield write_block(scored, **self.write)
 
 
 def _leave_receipt(fs: AbstractFileSystem, path: str, metadata: pa.Table) -> None:

@@ -87,16 +87,24 @@ class StageWorker:
         else:
             self.fn, self.kwargs = target, dict(stage.predictor_kwargs)
 
-    def __call__(self, table: pa.Table) -> pa.Table:
+    def __call__(self, table: pa.Table) -> Iterator[pa.Table]:
         size = self.rows_per_call
         if not size or table.num_rows <= size:
-            return self._score(table)
-        scored = [self._score(table.slice(i, size)) for i in range(0, table.num_rows, size)]
-        try:
-            # As Ray Data joins batches into a block: missing columns become nulls, numbers widen.
-            return pa.concat_tables(scored, promote_options="permissive")
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            raise StageError(f"stage {self.name!r} returned batches whose columns do not fit together: {e}") from e
+            yield self._score(table)
+            return
+        # A whole block may hold many ranges (one read task reads a row group's): each run of
+        # whole ranges of about a batch goes on as soon as it is scored, so that its ranges are
+        # written and committed while the rest of the block is scored.
+        start = 0
+        for end in _cuts_between_ranges(table, size):
+            part = table.slice(start, end - start)
+            scored = [self._score(part.slice(i, size)) for i in range(0, part.num_rows, size)]
+            try:
+                # As Ray Data joins batches into a block: missing columns become nulls, numbers widen.
+                yield pa.concat_tables(scored, promote_options="permissive")
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise StageError(f"stage {self.name!r} returned batches whose columns do not fit together: {e}") from e
+            start = end
 
     def _score(self, table: pa.Table) -> pa.Table:
         table, rejected = split_rejected(table)
@@ -137,6 +145,20 @@ class StageWorker:
         if REJECT_KIND_COLUMN in result.column_names:
             kinds = pc.coalesce(result.column(REJECT_KIND_COLUMN).cast(pa.string()), ENGINE_ERROR)
         return outputs, reasons, pc.if_else(pc.is_valid(reasons), kinds, pa.scalar(None, pa.string()))
+
+
+def _cuts_between_ranges(table: pa.Table, rows: int) -> list[int]:
+    """Row positions that cut ``table`` (rows in range order) into runs of whole ranges, each of
+    at least ``rows`` rows but the last."""
+    if RANGE_COLUMN not in table.column_names:
+        return [table.num_rows]
+    ranges = table.column(RANGE_COLUMN).to_numpy()
+    cuts, last = [], 0
+    for boundary in [*(np.flatnonzero(ranges[1:] != ranges[:-1]) + 1), table.num_rows]:
+        if boundary - last >= rows or boundary == table.num_rows:
+            cuts.append(int(boundary))
+            last = boundary
+    return cuts
 
 
 def split_rejected(table: pa.Table) -> tuple[pa.Table, pa.Table]:

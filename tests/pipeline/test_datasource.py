@@ -12,7 +12,7 @@ from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.stages import read_ranges
 from airflow_provider_raybatch.pipeline.storage import resolve
 from tests.data import assert_output_sound, write_input
-from tests.pipeline.test_runner import config
+from tests.pipeline.test_runner import commit_count, config
 
 
 def plan(path, rows_per_range):
@@ -69,3 +69,26 @@ def test_small_ranges_in_large_row_groups_are_written_once_each(tmp_path, concur
     summary = run_batch_inference(config(tmp_path, rows_per_range=20, concurrency=concurrency, batch_size=64))
     assert summary.ranges_done == summary.ranges_total == 70 and summary.rows_processed == 1400
     assert_output_sound(tmp_path / "out", range(1400))
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_ranges_read_together_are_committed_one_by_one_and_a_failure_keeps_them(tmp_path):
+    # 25 ranges of 20 rows in one 500-row row group: one read task, one block. The replica
+    # hands on its ranges as it scores them, so those before the failing row are committed.
+    write_input(tmp_path / "in", [500], row_group_size=500)
+    marker = tmp_path / "fail-marker"
+    marker.touch()
+    cfg = config(
+        tmp_path,
+        predictor="tests.predictors:FailWhileMarked",
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 300, "output": str(tmp_path / "out")},
+        rows_per_range=20,
+        batch_size=20,
+    )
+    with pytest.raises(Exception, match="injected failure"):
+        run_batch_inference(cfg)
+    assert commit_count(tmp_path / "out") == 15  # every range before id 300
+    marker.unlink()
+    summary = run_batch_inference(cfg)
+    assert summary.ranges_skipped == 15 and summary.rows_processed == 200
+    assert_output_sound(tmp_path / "out", range(500))
