@@ -37,20 +37,30 @@ from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
-# Write ends of live reapers' pipes. A child forked (not exec'd) from the task would inherit
-# them and keep a reaper waiting after the task dies; it closes its copies at fork.
-_write_ends: set[int] = set()
+# Descriptors a child forked (not exec'd) from the task must not keep: a reaper's write end
+# (kept, it would keep the reaper waiting after the task dies), a shared Ray client's lock.
+_closed_at_fork: set[int] = set()
 
 
-def _close_write_ends_in_child() -> None:
-    for fd in _write_ends:
+def close_in_forked_children(fd: int) -> None:
+    """Close ``fd`` in every child this process forks from now on."""
+    _closed_at_fork.add(fd)
+
+
+def forget(fd: int) -> None:
+    """Stop closing ``fd`` in forked children (before closing it here)."""
+    _closed_at_fork.discard(fd)
+
+
+def _close_in_child() -> None:
+    for fd in _closed_at_fork:
         with contextlib.suppress(OSError):
             os.close(fd)
-    _write_ends.clear()
+    _closed_at_fork.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_write_ends_in_child)
+    os.register_at_fork(after_in_child=_close_in_child)
 
 # After end-of-file: scan and kill until this many scans in a row find nothing (the raylet may
 # be spawning a worker at the moment it dies), or until the deadline.
@@ -83,7 +93,7 @@ class Reaper:
         fd, self._write_end = self._write_end, None
         if fd is None:
             return
-        _write_ends.discard(fd)
+        forget(fd)
         try:
             if message:
                 os.write(fd, message)
@@ -117,7 +127,7 @@ def start_reaper() -> Reaper | None:
         return None
     finally:
         os.close(read_end)
-    _write_ends.add(write_end)
+    close_in_forked_children(write_end)
     return Reaper(process, write_end)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import NoProgressError
+from airflow_provider_raybatch.pipeline.reaper import close_in_forked_children, forget
 from airflow_provider_raybatch.pipeline.shared_ray.folder import locked, private_dir, shares_held
 
 log = logging.getLogger(__name__)
@@ -35,20 +36,6 @@ SETUP_HOOK = "airflow_provider_raybatch.pipeline.shared_ray.client.apply_job_env
 _AT_START = re.compile(r"^(PATH|LD_[A-Z_]+|PYTHON[A-Z_]*)$")
 # Variables Ray sets per process (device visibility, its own settings), or the shell's.
 _RAY_OWNED = re.compile(r"^(RAY_.*|__RAY.*|.*_VISIBLE_DEVICES|.*_VISIBLE_CORES|PWD|OLDPWD|SHLVL|_)$")
-
-# Client locks of this process: a child forked (not exec'd) from the task would hold them too.
-_client_fds: set[int] = set()
-
-
-def _close_client_fds_in_child() -> None:
-    for fd in _client_fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _client_fds.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_client_fds_in_child)
 
 
 class SharedRayClient:
@@ -70,7 +57,7 @@ class SharedRayClient:
         self._fd: int | None = os.open(tmp, os.O_RDONLY | os.O_CREAT, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         os.replace(tmp, self.lock_path)
-        _client_fds.add(self._fd)
+        close_in_forked_children(self._fd)  # a forked child would hold the lock too
 
     @property
     def address(self) -> str:
@@ -138,7 +125,7 @@ class SharedRayClient:
         for path in (self.share_path, self.env_path, self.lock_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-        _client_fds.discard(fd)
+        forget(fd)
         os.close(fd)
 
 
