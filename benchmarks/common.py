@@ -309,6 +309,20 @@ def kill_ray_leftovers(ray_tmp: str) -> list[int]:
     return killed
 
 
+@contextmanager
+def shared_ray_env() -> Iterator[dict[str, str]]:
+    """The environment for runs on a shared local Ray of the benchmark's own: its folder (short:
+    Ray's socket paths are length-limited) is removed and its head stopped at the end."""
+    from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
+
+    base = tempfile.mkdtemp(prefix="rbw", dir="/tmp")
+    try:
+        yield {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": base}
+    finally:
+        stop_shared_heads(base)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def run_variant(
     variant: str,
     params: dict[str, Any],

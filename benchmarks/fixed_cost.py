@@ -14,15 +14,22 @@ rows on the host's shared Ray once it is warm (``shared``: started by an untimed
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import Results, base_parser, commit_timeline, common_params, make_input, median, run_variant
+from benchmarks.common import (
+    Results,
+    base_parser,
+    commit_timeline,
+    common_params,
+    make_input,
+    median,
+    run_variant,
+    shared_ray_env,
+)
 
 SMALL_ROWS = 10_000
 
@@ -95,11 +102,7 @@ def add_ray_alone(results: Results, case: str, runs: list[dict], names: tuple[st
 
 def shared_warm(args, results: Results) -> None:
     """The same task on the host's shared Ray, warm: the first run (untimed) starts it."""
-    from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
-
-    base = tempfile.mkdtemp(prefix="rbw", dir="/tmp")  # short: Ray's socket paths are length-limited
-    env = {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": base}
-    try:
+    with shared_ray_env() as env:
         cold = run_variant("ray_start", {}, env)
         add_ray_alone(
             results,
@@ -125,9 +128,6 @@ def shared_warm(args, results: Results) -> None:
                 detail=f"{runs[-1]['summary']['ranges_total']} range(s)",
                 load_avg=runs[-1]["load_avg"],
             )
-    finally:
-        stop_shared_heads(base)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,7 @@ Two models by default: ``heavy`` (32-256-256-10, inference is most of the time) 
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
@@ -32,6 +30,7 @@ from benchmarks.common import (
     median,
     ratio,
     run_variant,
+    shared_ray_env,
 )
 from benchmarks.model import SHAPES
 
@@ -75,17 +74,10 @@ def main(argv: list[str] | None = None) -> Results:
     if skipped_daft:
         results.note(f"daft: not run, {DAFT_PYTHON} is missing; {DAFT_ENV_HINT}")
 
-    shared_dir = tempfile.mkdtemp(prefix="rbw", dir="/tmp")  # short: Ray's socket paths are length-limited
-    shared_env = {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": shared_dir}
-    try:
+    with shared_ray_env() as shared_env:
         if "operator_shared" in variants:
             run_variant("ray_start", {}, shared_env)  # starts the shared head: the timed runs find it warm
         measure(args, results, variants, shared_env)
-    finally:
-        from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
-
-        stop_shared_heads(shared_dir)
-        shutil.rmtree(shared_dir, ignore_errors=True)
     results.write()
     return results
 

@@ -61,11 +61,12 @@ def group_ranges(plan: Plan, pending: list[int], replicas: int) -> list[list[int
     A range joins the previous one's group when both are in one file and it starts in the row
     group where the previous one ends, so that the row group is decoded once: a range reads whole
     row groups and keeps its slice, and 1,000-row ranges in 100,000-row groups had each group
-    decoded a hundred times (0.05 s a range). A group stops at ``rows / replicas`` rows (every
-    replica gets work) and, with ranges that straddle row groups, at the file's largest row group.
+    decoded a hundred times (0.05 s a range). The planner cuts ranges at row group boundaries,
+    so a group stays within one row group; it also stops at ``rows / replicas`` rows, so that
+    every replica gets work.
     """
     total = sum(plan.ranges[i].rows for i in pending)
-    cap = max(1, math.ceil(total / max(1, replicas)))
+    cap = math.ceil(total / replicas)
     groups: list[list[int]] = []
     rows = 0
     previous_end: tuple[int, int] | None = None  # (file, row group) where the previous range ends
@@ -77,8 +78,7 @@ def group_ranges(plan: Plan, pending: list[int], replicas: int) -> list[list[int
             starts[r.file_index] = list(accumulate(file.row_groups, initial=0))
         first = bisect_right(starts[r.file_index], r.start) - 1
         last = bisect_right(starts[r.file_index], r.end - 1) - 1
-        limit = min(cap, max(file.row_groups))
-        if groups and previous_end == (r.file_index, first) and rows + r.rows <= limit:
+        if groups and previous_end == (r.file_index, first) and rows + r.rows <= cap:
             groups[-1].append(index)
             rows += r.rows
         else:

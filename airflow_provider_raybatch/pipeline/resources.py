@@ -9,7 +9,7 @@ what runs on Ray.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -110,7 +110,7 @@ class ReplicaResources:
 
 
 def check_cluster_resources(
-    stages: Sequence[tuple[str, ReplicaResources]], read_cpus: float = READ_CPUS
+    stages: Sequence[tuple[str, ReplicaResources]], resources: Mapping[str, float], read_cpus: float = READ_CPUS
 ) -> dict[str, float]:
     """Refuse what the cluster cannot run: Ray Data would otherwise wait silently, forever.
 
@@ -119,12 +119,10 @@ def check_cluster_resources(
     once to make progress.
 
     :param stages: each stage's name (for the errors) and resources, in order.
+    :param resources: what the cluster offers (``ray.cluster_resources()``).
     :param read_cpus: CPUs that read tasks need beside the replicas (none when the first stage's
         replicas read).
     """
-    import ray
-
-    resources = ray.cluster_resources()
     cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
     for name, stage in stages:
         where = f"stage {name!r}"

@@ -93,13 +93,14 @@ def _process(
                 i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
             }
             reads_in_stage = 0 not in transforms and config.stages[0].cpus_only
+            import ray
+
+            resources = ray.cluster_resources()
             need = check_cluster_resources(
-                [(s.display_name, s) for s in config.stages], read_cpus=0 if reads_in_stage else READ_CPUS
+                [(s.display_name, s) for s in config.stages], resources, read_cpus=0 if reads_in_stage else READ_CPUS
             )
             if shared is not None:
-                import ray
-
-                shared.take_share(need, ray.cluster_resources(), config.progress_timeout)
+                shared.take_share(need, resources, config.progress_timeout)
             _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage)
     return progress
 
