@@ -10,7 +10,8 @@ record is written with those of the ranges published around it, at most :func:`r
 seconds later (and at once at the end of the stream, or when it fails). The range counts as
 committed only then; a crash in between leaves its files published without a record, which the
 next run removes before redoing the range. Batching keeps the ledger's objects few (a segment per
-batch, not per range) at the price of redoing up to that interval's ranges after a crash.
+batch, not per range) at the price of redoing up to that interval's ranges after a crash. The
+run's first range is recorded at once: its first result is safe without waiting for a batch.
 
 When the stream fails (a stage raised on another range), the metadata in flight is lost with it,
 but the write steps' receipts are there: the driver commits the ranges they complete
@@ -90,6 +91,7 @@ class RangeCommits:
         #: Published ranges waiting for their record: (plan index, record), oldest first.
         self.pending: list[tuple[int, dict[str, Any]]] = []
         self._pending_since = 0.0
+        self._first_recorded = False
         self._lock = threading.RLock()  # the driver's thread and the flushing thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,6 +154,7 @@ class RangeCommits:
                 return
             batch, self.pending = self.pending, []
             self.ledger.record([record for _, record in batch])
+            self._first_recorded = True
             for index, record in batch:
                 crash_point("committed")
                 self.progress.committed(
@@ -164,7 +167,7 @@ class RangeCommits:
             if not self.pending:
                 self._pending_since = time.monotonic()
             self.pending.append((index, record))
-            if self.interval == 0 or len(self.pending) >= MAX_RECORDS_PER_BATCH:
+            if self.interval == 0 or not self._first_recorded or len(self.pending) >= MAX_RECORDS_PER_BATCH:
                 self.flush()
 
     def add(self, metadata: pa.Table) -> None:

@@ -27,7 +27,7 @@ from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Tran
 from airflow_provider_raybatch.pipeline.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
 from airflow_provider_raybatch.pipeline.range_commits import RangeCommits
-from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+from airflow_provider_raybatch.pipeline.ray_runtime import prestart_workers, ray_session
 from airflow_provider_raybatch.pipeline.resources import READ_CPUS, check_cluster_resources
 from airflow_provider_raybatch.pipeline.stages import StageWorker, resolve_predictor
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
@@ -92,7 +92,9 @@ def _process(
             transforms = {
                 i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
             }
+            last = len(config.stages) - 1
             reads_in_stage = 0 not in transforms and config.stages[0].cpus_only
+            writes_in_stage = last not in transforms and config.stages[last].cpus_only
             import ray
 
             resources = ray.cluster_resources()
@@ -101,7 +103,11 @@ def _process(
             )
             if shared is not None:
                 shared.take_share(need, resources, config.progress_timeout)
-            _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage)
+            if ray_address is None:
+                # Replicas of transforms (ray.data.llm) are started by Ray Data with their own options.
+                replicas = sum(s.min_replicas for i, s in enumerate(config.stages) if i not in transforms)
+                prestart_workers(replicas + (not reads_in_stage) + (not writes_in_stage))
+            _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage, writes_in_stage)
     return progress
 
 
@@ -114,6 +120,7 @@ def _stream(
     in_fs: AbstractFileSystem,
     transforms: dict[int, Any],
     reads_in_stage: bool,
+    writes_in_stage: bool,
 ) -> None:
     import ray
     from ray.data import DataContext
@@ -131,7 +138,6 @@ def _stream(
     # Reserving what the first stage's replicas reserve lets Ray Data fuse the read into them.
     reservation = config.stages[0].reservation() if reads_in_stage else {"num_cpus": READ_CPUS}
     ds = ray.data.read_datasource(datasource, override_num_blocks=max(len(datasource.groups), replicas), **reservation)
-    writes_in_stage = last not in transforms and config.stages[last].cpus_only
     for index, stage in enumerate(config.stages):
         if index in transforms:
             ds = transforms[index](ds)

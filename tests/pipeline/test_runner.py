@@ -22,6 +22,7 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.planner import recorded_ranges
+from airflow_provider_raybatch.pipeline.range_commits import RECORD_INTERVAL_ENV
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
 from airflow_provider_raybatch.pipeline.verify import verify_output
@@ -83,6 +84,15 @@ def test_rerun_of_a_finished_output_is_a_fast_no_op(tmp_path):
     assert again.ranges_skipped == 3 and again.ranges_done == 0 and again.rows_processed == 0
     assert again.seconds < first.seconds
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == files
+
+
+def test_the_first_range_is_recorded_at_once_and_the_others_in_batches(tmp_path, monkeypatch):
+    # Records wait up to the interval to share a segment; the run's first result does not wait.
+    monkeypatch.setenv(RECORD_INTERVAL_ENV, "60")
+    write_input(tmp_path / "in", [400])
+    run_batch_inference(config(tmp_path))
+    times = sorted(r["committed_at"] for r in OutputLedger.open(str(tmp_path / "out")).committed().values())
+    assert len(times) == 4 and times[0] < times[1] == times[3]
 
 
 def test_derived_row_id_is_stable_and_unique(tmp_path):
@@ -426,16 +436,17 @@ def test_an_output_of_layout_1_is_verified_resumed_and_upgraded(tmp_path):
 
 def test_a_crash_while_records_wait_for_their_batch_redoes_only_those_ranges(tmp_path):
     write_input(tmp_path / "in", [800])
-    # Records wait up to a minute: the third range is published when the process dies, and none recorded.
+    # Records wait up to a minute: the third range is published when the process dies, and only
+    # the first one, recorded at once, is recorded.
     env = {"RAYBATCH_TEST_CRASH": "published:3", "RAYBATCH_RECORD_INTERVAL_S": "60"}
     crashed = run_in_subprocess(tmp_path, "tests.predictors:score", {}, env=env)
     kill_leftovers(crashed.ray_tmp)
     assert crashed.returncode == -signal.SIGKILL, crashed.output
     out = tmp_path / "out"
-    assert commit_count(out) == 0
-    assert len(list(out.glob("part-*.parquet"))) == 3  # published without a record
+    assert commit_count(out) == 1
+    assert len(list(out.glob("part-*.parquet"))) == 3  # two of them published without a record
     summary = run_batch_inference(config(tmp_path))
-    assert summary.ranges_skipped == 0 and summary.rows_processed == 800
+    assert summary.ranges_skipped == 1 and summary.rows_processed == 700
     assert_output_sound(out, range(800))
 
 

@@ -241,6 +241,52 @@ def test_a_sigkilled_task_leaves_no_worker_behind_and_the_head_serves_others_the
     assert not list((root / "clients").iterdir())
 
 
+PRESTART_TASK = """
+import json, os, sys, time
+import ray
+from airflow_provider_raybatch.pipeline.ray_runtime import prestart_workers, ray_session
+
+@ray.remote
+def probe():
+    time.sleep(0.5)  # both probes at once: each on a worker of its own
+    return {"pid": os.getpid(), "mark": os.environ.get("RAYBATCH_TEST_MARK")}
+
+with ray_session() as client:
+    print("PRESTART " + json.dumps({"job_env": str(client.env_path), "ok": prestart_workers(2)}), flush=True)
+    while not os.path.exists(sys.argv[1]):
+        time.sleep(0.1)
+    print("RAN " + json.dumps(ray.get([probe.remote(), probe.remote()])), flush=True)
+"""
+
+
+def test_workers_prestarted_for_a_task_have_its_environment_and_run_its_work(shared, tmp_path):
+    env, _ = shared
+    release = tmp_path / "release"
+    task = subprocess.Popen(
+        [sys.executable, "-c", PRESTART_TASK, str(release)],
+        env={**env, "RAYBATCH_TEST_MARK": "prestarted"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    for line in task.stdout:
+        lines.append(line)
+        if line.startswith("PRESTART "):
+            break
+    started = json.loads(lines[-1][len("PRESTART ") :])
+    assert started["ok"], "".join(lines)
+    # Nothing is scheduled yet: the job's worker processes are the two asked for, started now.
+    assert wait_until(lambda: len(job_processes(started["job_env"])) == 2, 60), "".join(lines)
+    prestarted = set(job_processes(started["job_env"]))
+    release.touch()
+    rest, _ = task.communicate(timeout=120)
+    assert task.returncode == 0, "".join(lines) + rest
+    ran = json.loads(rest.split("RAN ", 1)[1].splitlines()[0])
+    assert {r["pid"] for r in ran} == prestarted
+    assert {r["mark"] for r in ran} == {"prestarted"}  # the task's environment, from the setup hook
+
+
 # A run whose replica holds a GPU and a CPU, and whose read tasks need another CPU: on a head of
 # 2 CPUs, two such runs started together without turns each got their replica and no read CPU,
 # and neither finished (seen: 150 s).
