@@ -7,13 +7,15 @@ Runs the operator (local Ray) in a fresh process per measurement, as a task woul
 - an empty input (a file with no rows): no Ray is started;
 - a rerun of a finished output: returns the recorded summary, no Ray;
 each with a Ray started for the task (``per-task``), then Ray alone, one range and the first
-rows on the host's shared Ray once it is warm (``shared``: started by an untimed first run).
+rows on the host's shared Ray once it is warm (``shared``: started by an untimed first run),
+with the warm workers the previous run of the same environment left, and in a new environment.
 
     python benchmarks/fixed_cost.py
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 
@@ -112,16 +114,21 @@ def shared_warm(args, results: Results) -> None:
         )
         ray_runs = [run_variant("ray_start", {}, env) for _ in range(args.repeats)]
         add_ray_alone(results, "shared Ray, warm: import + connect + disconnect", ray_runs, ("connect", "disconnect"))
-        for case, rows in [("one range", SMALL_ROWS), *((f"{rows:,} rows", rows) for rows in args.rows)]:
+        cases = [("one range", SMALL_ROWS), *((f"{rows:,} rows", rows) for rows in args.rows)]
+        # New environments last: their warm workers, left for nobody, take room until the idle timeout.
+        for workers, (case, rows) in itertools.product(("warm workers", "new environment"), cases):
             input_path = make_input(args.work_dir, rows)
             output = args.work_dir / f"out-fixed-shared-{rows}"
             runs = []
-            for _ in range(args.repeats):
-                result = run_variant("operator", common_params(args, input_path, output), env)
+            for run in range(args.repeats):
+                # A task finds the warm workers of the last task with its environment: another
+                # environment each run finds none, and starts its own.
+                run_env = env if workers == "warm workers" else {**env, "RAYBATCH_BENCH_RUN": f"{case}-{run}"}
+                result = run_variant("operator", common_params(args, input_path, output), run_env)
                 runs.append({**result, **commit_timeline(output, result["started_at"])})
             first = [r["first_commit_s"] for r in runs if "first_commit_s" in r]
             results.add(
-                case=f"operator on the warm shared Ray, {case}",
+                case=f"operator on the warm shared Ray ({workers}), {case}",
                 rows=rows,
                 first_commit_s=round(median(first), 2) if first else "",
                 wall_s=round(median(r["wall_s"] for r in runs), 2),

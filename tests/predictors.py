@@ -131,6 +131,26 @@ def node_id(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"node_id": np.array([ray.get_runtime_context().get_node_id()] * len(batch["id"]))}
 
 
+class WhereScored:
+    """The process that scored each row, the task's mark in its environment, and whether the
+    replica's warm imports were there before it was built (a warm worker imported them ahead)."""
+
+    warm_imports = ("tests.warm_import",)
+
+    def __init__(self):
+        import sys
+
+        self.preloaded = "tests.warm_import" in sys.modules
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = len(batch["id"])
+        return {
+            "pid": np.full(rows, os.getpid()),
+            "mark": np.array([os.environ.get("RAYBATCH_TEST_MARK", "")] * rows),
+            "preloaded": np.full(rows, self.preloaded),
+        }
+
+
 class RejectSome:
     """Rejects ids divisible by ``invalid_every`` as invalid input and ids in ``error_ids`` as engine errors."""
 

@@ -6,7 +6,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -18,9 +18,6 @@ from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySetti
 
 log = logging.getLogger(__name__)
 
-#: Seconds a prestarted worker that nothing used is kept (it ends with its job anyway).
-PRESTART_KEEP_ALIVE_S = 60
-
 
 def python_path_runtime_env() -> dict[str, Any]:
     """A runtime_env giving Ray's workers this process's ``sys.path``, so what imports here imports there."""
@@ -29,7 +26,10 @@ def python_path_runtime_env() -> dict[str, Any]:
 
 @contextmanager
 def ray_session(
-    address: str | None = None, namespace: str | None = None, local: LocalRaySettings | None = None
+    address: str | None = None,
+    namespace: str | None = None,
+    local: LocalRaySettings | None = None,
+    preload: Sequence[str] = (),
 ) -> Iterator[SharedRayClient | None]:
     """Use the Ray already initialised in this process, or connect to one and disconnect after.
 
@@ -46,6 +46,8 @@ def ray_session(
     :param address: a cluster to join (``"auto"``: the one this process runs on); None: local.
     :param namespace: the Ray namespace to join.
     :param local: how to get a local Ray; None: from the environment (:meth:`.LocalRaySettings.from_env`).
+    :param preload: on the shared Ray, modules its warm workers for this task import ahead
+        (see :mod:`.shared_ray.client`).
     :return: on the shared Ray, this task's client, with which it takes its turn for resources
         (:meth:`.SharedRayClient.take_share`); otherwise None.
     """
@@ -64,7 +66,7 @@ def ray_session(
         return
     local = local or LocalRaySettings.from_env()
     if local.shared:
-        with _shared_session(local, namespace) as client:
+        with _shared_session(local, namespace, preload) as client:
             yield client
         return
     if local.mode == "shared":
@@ -93,8 +95,8 @@ def ray_session(
             reaper.disarm()
 
 
-def prestart_workers(count: int) -> bool:
-    """Have the local Ray start ``count`` worker processes for this driver's job now.
+def prestart_workers(count: int, keep_alive_s: float | None = None) -> bool:
+    """Have the local Ray start ``count`` worker processes with this driver's ``runtime_env`` now.
 
     Ray starts a worker for a job with a ``runtime_env`` (every task's: its ``sys.path``) only
     when an actor or task of the job is scheduled; its start and imports (~1.5 s) then come after
@@ -102,7 +104,10 @@ def prestart_workers(count: int) -> bool:
     Ray has no public call for this: this uses the raylet's ``PrestartWorkers`` request, as an
     optimisation only; if it fails, the run goes on as before and the reason is logged.
 
-    :param count: worker processes the pipeline needs first (replicas, read and write tasks).
+    :param count: worker processes to start.
+    :param keep_alive_s: None: workers of this job, for its replicas, read and write tasks.
+        Otherwise warm workers for no job yet, which the next job with an equal ``runtime_env``
+        gets (see :mod:`.shared_ray.client`), kept this long while unused.
     :return: whether the local raylet took the request.
     """
     if count < 1:
@@ -113,13 +118,15 @@ def prestart_workers(count: int) -> bool:
         from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
 
         worker, node = ray._private.worker.global_worker, ray._private.worker._global_node
+        job = worker.current_job_id if keep_alive_s is None else ray.JobID.nil()
         channel = init_grpc_channel(f"{node.node_ip_address}:{node.node_manager_port}")
         try:
             request = node_manager_pb2.PrestartWorkersRequest(
                 language=common_pb2.PYTHON,
-                job_id=worker.current_job_id.binary(),
+                job_id=job.binary(),
                 runtime_env_info=worker.core_worker.get_job_config().runtime_env_info,
-                keep_alive_duration_secs=PRESTART_KEEP_ALIVE_S,
+                # Unused workers of a job end with it anyway.
+                keep_alive_duration_secs=int(keep_alive_s or 60),
                 num_workers=count,
             )
             node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=5)
@@ -132,7 +139,9 @@ def prestart_workers(count: int) -> bool:
 
 
 @contextmanager
-def _shared_session(local: LocalRaySettings, namespace: str | None) -> Iterator[SharedRayClient]:
+def _shared_session(
+    local: LocalRaySettings, namespace: str | None, preload: Sequence[str]
+) -> Iterator[SharedRayClient]:
     started = time.monotonic()
     client = join_shared_head(local)
     try:
@@ -143,7 +152,7 @@ def _shared_session(local: LocalRaySettings, namespace: str | None) -> Iterator[
 
             ray.init(
                 address=client.address,
-                runtime_env=client.runtime_env(python_path_runtime_env()),
+                runtime_env=client.runtime_env(python_path_runtime_env(), preload),
                 configure_logging=False,
                 namespace=namespace,
             )

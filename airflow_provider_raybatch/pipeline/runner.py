@@ -29,7 +29,7 @@ from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
 from airflow_provider_raybatch.pipeline.range_commits import RangeCommits
 from airflow_provider_raybatch.pipeline.ray_runtime import prestart_workers, ray_session
 from airflow_provider_raybatch.pipeline.resources import READ_CPUS, check_cluster_resources
-from airflow_provider_raybatch.pipeline.stages import StageWorker, resolve_predictor
+from airflow_provider_raybatch.pipeline.stages import StageWorker, resolve_predictor, warm_imports
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 from airflow_provider_raybatch.pipeline.watchdog import Watchdog
 
@@ -86,7 +86,7 @@ def _process(
             sum(plan.ranges[i].rows for i in pending),
             len(run.committed),
         )
-        with ray_session(ray_address, namespace) as shared:
+        with ray_session(ray_address, namespace, preload=warm_imports(config.stages)) as shared:
             # Transforms are built on the driver before anything is scheduled; a factory checks what it
             # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
             transforms = {
@@ -103,11 +103,18 @@ def _process(
             )
             if shared is not None:
                 shared.take_share(need, resources, config.progress_timeout)
+            # The worker processes the first rows need; transforms (ray.data.llm) start their own.
+            replicas = sum(s.min_replicas for i, s in enumerate(config.stages) if i not in transforms)
+            workers = replicas + (not reads_in_stage) + (not writes_in_stage)
             if ray_address is None:
-                # Replicas of transforms (ray.data.llm) are started by Ray Data with their own options.
-                replicas = sum(s.min_replicas for i, s in enumerate(config.stages) if i not in transforms)
-                prestart_workers(replicas + (not reads_in_stage) + (not writes_in_stage))
-            _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage, writes_in_stage)
+                prestart_workers(workers - (shared.take_warm(workers) if shared is not None else 0))
+            try:
+                _stream(
+                    config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage, writes_in_stage
+                )
+            finally:
+                if shared is not None:
+                    shared.leave_warm(workers, resources.get("CPU", 0), lambda n, keep: prestart_workers(n, keep))
     return progress
 
 

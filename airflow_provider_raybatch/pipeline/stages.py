@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, Stage
+from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, Stage, TransformStage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, StageError
 from airflow_provider_raybatch.pipeline.input_files import InputFile
 from airflow_provider_raybatch.pipeline.planner import RowRange
@@ -71,6 +71,19 @@ def resolve_predictor(stage: Stage) -> Callable[..., Any]:
     elif not callable(target):
         raise ConfigError(f"{where}: predictor {stage.predictor!r} is not callable")
     return target
+
+
+def warm_imports(stages: Sequence[Stage | TransformStage]) -> list[str]:
+    """Modules a warm worker imports ahead for these stages' replicas: Ray Data, this module and
+    the block writer, each predictor's module, and the modules a predictor names in its
+    ``warm_imports`` attribute (the heavy ones it imports when built, such as ``torch``)."""
+    names = ["ray.data", __name__, "airflow_provider_raybatch.pipeline.block_writer"]
+    for stage in stages:
+        if isinstance(stage, TransformStage):
+            continue
+        target = resolve_predictor(stage)
+        names += [getattr(target, "__module__", None) or "", *getattr(target, "warm_imports", ())]
+    return [n for n in dict.fromkeys(names) if n and n != "__main__"]
 
 
 class StageWorker:

@@ -30,6 +30,9 @@ class TorchPredictor:
     :param storage_options: fsspec options to read ``weights_path``.
     """
 
+    #: Imported ahead by the shared local Ray's warm workers (see ``pipeline.shared_ray.client``).
+    warm_imports = ("torch", "safetensors.torch")
+
     def __init__(
         self,
         model_class: str,

@@ -14,9 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.shared_ray.client import JOB_ENV_FILE_ENV, apply_job_environment
 from airflow_provider_raybatch.pipeline.shared_ray.folder import read_record
 from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
 from airflow_provider_raybatch.pipeline.shared_ray.processes import head_processes
@@ -221,7 +224,7 @@ def test_a_sigkilled_task_leaves_no_worker_behind_and_the_head_serves_others_the
     killed = Task(env, "killed", busy=True)
     info = killed.info()
     job_env = info["worker"]["job_env"]
-    assert job_env and job_env.startswith(f"{root}/clients/")
+    assert job_env and job_env.startswith(f"{root}/envs/")
     # The probe's worker, the actor, the task and the process the actor started.
     assert wait_until(lambda: len(job_processes(job_env)) >= 3, 30), job_processes(job_env)
     killed.process.kill()  # SIGKILL: no finally, no disconnect
@@ -287,6 +290,59 @@ def test_workers_prestarted_for_a_task_have_its_environment_and_run_its_work(sha
     assert {r["mark"] for r in ran} == {"prestarted"}  # the task's environment, from the setup hook
 
 
+WHERE_SCORED = """
+import sys
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+stages = [Stage("tests.predictors:WhereScored", concurrency=1)]
+run_batch_inference(BatchInferenceConfig(sys.argv[1], sys.argv[2], stages, id_column="id", rows_per_range=100))
+"""
+
+
+def test_a_task_leaves_warm_workers_that_only_the_next_task_with_its_environment_gets(shared, tmp_path):
+    env, root = shared
+    write_input(tmp_path / "in", [300])
+    warm_log = tmp_path / "warm.log"
+    # Warm workers live as long as the head stays up idle: here longer than a task's start.
+    env = {**env, "RAYBATCH_TEST_WARM_LOG": str(warm_log), "RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S": "120"}
+
+    def run(name: str, mark: str, try_number: str) -> pa.Table:
+        task_env = {**env, "RAYBATCH_TEST_MARK": mark, "AIRFLOW_CTX_TRY_NUMBER": try_number}
+        args = [sys.executable, "-c", WHERE_SCORED, str(tmp_path / "in"), str(tmp_path / name)]
+        done = subprocess.run(args, env=task_env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return pq.read_table(tmp_path / name)
+
+    def warm_pids() -> list[str]:
+        return warm_log.read_text().split() if warm_log.exists() else []
+
+    first = run("first", "same", "1")
+    assert set(first["mark"].to_pylist()) == {"same"} and not any(first["preloaded"].to_pylist())
+    # It left one warm worker (its one replica read, scored and wrote), which imported ahead.
+    assert wait_until(lambda: len(warm_pids()) == 1, 60), warm_pids()
+    (env_file,) = (root / "envs").iterdir()
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert "AIRFLOW_CTX_TRY_NUMBER" not in json.loads(env_file.read_text())  # one try's, left out
+
+    # The next task with that environment (another try of it) is scored by that worker, with
+    # what it imported ahead; and leaves one in its turn.
+    second = run("second", "same", "2")
+    assert set(second["pid"].to_pylist()) == {int(warm_pids()[0])}
+    assert set(second["mark"].to_pylist()) == {"same"} and all(second["preloaded"].to_pylist())
+    assert wait_until(lambda: len(warm_pids()) == 2, 60), warm_pids()
+
+    # A task with another environment never gets a worker that holds the first one's.
+    other = run("other", "other", "1")
+    assert not set(other["pid"].to_pylist()) & {int(pid) for pid in warm_pids()}
+    assert set(other["mark"].to_pylist()) == {"other"} and not any(other["preloaded"].to_pylist())
+    for name in ("first", "second", "other"):
+        assert_output_sound(tmp_path / name, range(300))
+
+    # Once the head is gone, so are the environments and warm counts it kept for its workers.
+    stop_shared_heads(root.parent.parent)
+    assert not list((root / "envs").iterdir()) and not list((root / "warm").iterdir())
+
+
 # A run whose replica holds a GPU and a CPU, and whose read tasks need another CPU: on a head of
 # 2 CPUs, two such runs started together without turns each got their replica and no read CPU,
 # and neither finished (seen: 150 s).
@@ -340,6 +396,12 @@ def test_tasks_started_together_on_a_small_head_take_turns_instead_of_stalling(s
         assert process.wait(timeout=300) == 0, path.read_text()
         assert_output_sound(tmp_path / f"out-{path.stem}", range(2000))
     assert sum("Got this task's share of the shared local Ray after" in path.read_text() for _, path in runs) == 1
+
+
+def test_a_worker_whose_environment_file_is_gone_fails_to_start_rather_than_run_without_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(JOB_ENV_FILE_ENV, str(tmp_path / "gone.env"))
+    with pytest.raises(FileNotFoundError):
+        apply_job_environment()
 
 
 def test_settings_from_the_environment():

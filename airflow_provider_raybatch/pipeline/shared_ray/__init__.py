@@ -9,8 +9,12 @@ environment (:func:`.settings.head_dir`)::
     lock              flock: deciding to start, replace, join or stop the head is serialised
     head.json         the running head: address, versions, monitor and head pids
     token             the head's auth token (0600; Ray's token auth)
-    clients/<id>.lock held with flock by each task while it is connected; <id>.env its environment,
-                      <id>.share what it took of the head's CPUs and GPUs (tasks take turns)
+    clients/<id>.lock held with flock by each task while it is connected; <id>.uses the name of
+                      its environment's file, <id>.share what it took of the head's CPUs and GPUs
+                      (tasks take turns)
+    envs/<hash>.env   a task's environment (0600), one file per distinct environment, kept while a
+                      connected task or a warm worker uses it
+    warm/<key>.json   the warm workers left for the next task with a runtime_env: how many, until when
     monitor.log, head.log
     r/                Ray's temp dir (session_*)
 
@@ -22,10 +26,11 @@ dashboard (Ray's state API does) and no private GCS client, and the monitor is n
 that would keep the head busy itself.
 
 A task's workers get its environment like workers of a per-task Ray do (whose raylet inherits
-the task's environment): see :mod:`.client`.
+the task's environment), and a task that ends leaves warm workers for the next task with the
+same environment: see :mod:`.client`.
 
 Modules: :mod:`.settings` (the mode and its environment variables, the folder's name),
-:mod:`.folder` (lock, record, client locks), :mod:`.processes` (telling the head's processes
+:mod:`.folder` (lock, record, client locks, environments, warm counts), :mod:`.processes` (telling the head's processes
 apart, stopping them), :mod:`.client` (a connected task, its workers' environment),
 :mod:`.head` (the task's side: join, start, replace, stop), :mod:`.monitor` (the detached
 monitor), :mod:`.auth` (presenting the head's token).

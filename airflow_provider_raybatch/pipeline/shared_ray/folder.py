@@ -1,9 +1,11 @@
-"""The shared Ray's folder: its lock, the head's record, the connected tasks' client locks and shares."""
+"""The shared Ray's folder: its lock, the head's record, the connected tasks' client locks and shares,
+their environments and the warm workers they left."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import time
@@ -93,7 +95,7 @@ def live_clients(root: Path) -> int:
         if _held(path):
             count += 1
             continue
-        for leftover in (path, path.with_suffix(".env"), path.with_suffix(".share")):
+        for leftover in (path, path.with_suffix(".uses"), path.with_suffix(".share")):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
     return count
@@ -109,6 +111,57 @@ def shares_held(root: Path, exclude: str) -> dict[str, dict[str, float]]:
         with contextlib.suppress(OSError, ValueError):
             shares[path.stem] = json.loads(path.read_text())
     return shares
+
+
+def write_env(root: Path, env: Mapping[str, str]) -> Path:
+    """``envs/<hash>.env`` (0600) holding ``env``, named by its content: tasks with one environment
+    share one file, and so one ``runtime_env`` and its warm workers. Under the folder's lock."""
+    data = json.dumps(dict(env), sort_keys=True)
+    folder = root / "envs"
+    private_dir(folder)
+    path = folder / f"{hashlib.sha256(data.encode()).hexdigest()[:16]}.env"
+    if not path.exists():
+        tmp = folder / f".{os.getpid()}.tmp"
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    return path
+
+
+def read_warm(root: Path) -> dict[str, dict[str, Any]]:
+    """The warm workers left for each runtime_env (``warm/<key>.json``) whose keep-alive still runs."""
+    warm = {}
+    for path in (root / "warm").glob("*.json"):
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(path.read_text())
+            if record["workers"] > 0 and record["until"] > time.time():
+                warm[path.stem] = record
+    return warm
+
+
+def write_warm(root: Path, key: str, record: Mapping[str, Any]) -> None:
+    private_dir(root / "warm")
+    tmp = root / "warm" / f".{key}.{os.getpid()}"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, root / "warm" / f"{key}.json")
+
+
+def drop_unused(root: Path, head_gone: bool = False) -> None:
+    """Remove the warm counts that ran out (all of them when the head is gone: its workers went
+    with it) and the environment files that no connected task and no warm worker uses. Under the
+    folder's lock."""
+    warm = {} if head_gone else read_warm(root)
+    for path in (root / "warm").glob("*.json"):
+        if path.stem not in warm:
+            path.unlink(missing_ok=True)
+    used = {record["env"] for record in warm.values()}
+    for path in (root / "clients").glob("*.uses"):
+        if _held(path.with_suffix(".lock")):
+            with contextlib.suppress(OSError):
+                used.add(path.read_text())
+    for path in (root / "envs").glob("*.env"):
+        if path.stem not in used:
+            path.unlink(missing_ok=True)
 
 
 def tail(path: Path, lines: int = 20) -> str:

@@ -22,6 +22,7 @@ from airflow_provider_raybatch.pipeline.shared_ray.folder import (
     RECORD_FORMAT,
     START_ATTEMPTS,
     START_TIMEOUT_S,
+    drop_unused,
     live_clients,
     locked,
     private_dir,
@@ -81,6 +82,7 @@ def join_shared_head(settings: LocalRaySettings) -> SharedRayClient:
                 record = None
         if record is None:
             record = _start_head(root, settings, version)
+        drop_unused(root)
         return SharedRayClient(root, record)
 
 
@@ -88,6 +90,7 @@ def _start_head(root: Path, settings: LocalRaySettings, version: str) -> dict[st
     """Start the monitor (which starts the head) and wait for the head to be up. Under the lock."""
     log.info("Starting the shared local Ray in %s (stops after %g s idle)", root, settings.idle_timeout_s)
     live_clients(root)  # drops locks left by killed tasks of an earlier head
+    drop_unused(root, head_gone=True)  # and what it kept for warm workers
     token = root / "token"
     fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -176,6 +179,7 @@ def stop_shared_heads(base_dir: str | os.PathLike[str]) -> list[Path]:
                         os.kill(record["monitor_pid"], signal.SIGKILL)
             kill_head(root, record)
             remove_record(root)
+            drop_unused(root, head_gone=True)
             if record is not None:
                 stopped.append(root)
     return stopped

@@ -19,6 +19,7 @@ from airflow_provider_raybatch.pipeline.shared_ray.folder import (
     RECORD_FORMAT,
     START_ATTEMPTS,
     START_TIMEOUT_S,
+    drop_unused,
     live_clients,
     locked,
     remove_record,
@@ -114,6 +115,7 @@ def _monitor(root: Path, params: dict[str, Any]) -> int:
             with locked(root):
                 remove_record(root, me)
                 kill_head(root, None)
+                drop_unused(root, head_gone=True)
             return 1
         if live_clients(root):
             busy_at = time.monotonic()
@@ -128,6 +130,7 @@ def _monitor(root: Path, params: dict[str, Any]) -> int:
             say(f"idle for {idle_timeout:g} s: stopping the head")
             remove_record(root, me)
             kill_head(root, record)
+            drop_unused(root, head_gone=True)
         say("stopped")
         return 0
 
