@@ -317,7 +317,9 @@ def shared_ray_env() -> Iterator[dict[str, str]]:
 
     base = tempfile.mkdtemp(prefix="rbw", dir="/tmp")
     try:
-        yield {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": base}
+        # One Airflow home for the runs, as on one Airflow worker: their tasks' environments are
+        # then equal, and each finds the warm workers the one before left (README, warm workers).
+        yield {"RAYBATCH_LOCAL_RAY": "shared", "RAYBATCH_LOCAL_RAY_DIR": base, "AIRFLOW_HOME": f"{base}/airflow"}
     finally:
         stop_shared_heads(base)
         shutil.rmtree(base, ignore_errors=True)

@@ -115,6 +115,9 @@ def shared_warm(args, results: Results) -> None:
         ray_runs = [run_variant("ray_start", {}, env) for _ in range(args.repeats)]
         add_ray_alone(results, "shared Ray, warm: import + connect + disconnect", ray_runs, ("connect", "disconnect"))
         cases = [("one range", SMALL_ROWS), *((f"{rows:,} rows", rows) for rows in args.rows)]
+        # Untimed: the first task of this environment leaves the warm workers the next one finds.
+        first_input = make_input(args.work_dir, SMALL_ROWS)
+        run_variant("operator", common_params(args, first_input, args.work_dir / "out-fixed-shared-first"), env)
         # New environments last: their warm workers, left for nobody, take room until the idle timeout.
         for workers, (case, rows) in itertools.product(("warm workers", "new environment"), cases):
             input_path = make_input(args.work_dir, rows)
