@@ -114,7 +114,7 @@ def _process(
                 )
             finally:
                 if shared is not None:
-                    shared.leave_warm(workers, resources.get("CPU", 0), lambda n, keep: prestart_workers(n, keep))
+                    shared.leave_warm(workers, resources.get("CPU", 0), prestart_workers)
     return progress
 
 

@@ -73,7 +73,7 @@ def resolve_predictor(stage: Stage) -> Callable[..., Any]:
     return target
 
 
-def warm_imports(stages: Sequence[Stage | TransformStage]) -> list[str]:
+def warm_imports(stages: Sequence[Stage]) -> list[str]:
     """Modules a warm worker imports ahead for these stages' replicas: Ray Data, this module and
     the block writer, each predictor's module, and the modules a predictor names in its
     ``warm_imports`` attribute (the heavy ones it imports when built, such as ``torch``)."""

@@ -231,6 +231,9 @@ def test_a_sigkilled_task_leaves_no_worker_behind_and_the_head_serves_others_the
     killed.process.wait()
     assert killed.process.returncode == -signal.SIGKILL
     assert wait_until(lambda: not job_processes(job_env), 30), job_processes(job_env)
+    # Its environment's file (secrets) is removed by the monitor; the other task's stays.
+    assert wait_until(lambda: not Path(job_env).exists(), 10)
+    assert len(list((root / "envs").iterdir())) == 1
 
     # The head is still up, and serves the other task.
     record = read_record(root)
@@ -241,7 +244,7 @@ def test_a_sigkilled_task_leaves_no_worker_behind_and_the_head_serves_others_the
     assert wait_until(lambda: read_record(root) is None and not head_processes(root), 5 + 30), (
         root / "monitor.log"
     ).read_text()
-    assert not list((root / "clients").iterdir())
+    assert not list((root / "clients").iterdir()) and not list((root / "envs").iterdir())
 
 
 PRESTART_TASK = """

@@ -117,6 +117,9 @@ def _monitor(root: Path, params: dict[str, Any]) -> int:
                 kill_head(root, None)
                 drop_unused(root, head_gone=True)
             return 1
+        # A killed task's environment file goes within a second, unless its warm workers use it.
+        with contextlib.suppress(TimeoutError), locked(root, timeout_s=0):
+            drop_unused(root)
         if live_clients(root):
             busy_at = time.monotonic()
             continue
