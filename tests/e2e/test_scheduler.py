@@ -298,6 +298,10 @@ def test_a_backfill_writes_each_date_once_in_its_own_folder(airflow):
     ]
     assert overlapping, f"no two dates' tasks overlapped: {spans}"
     assert max(start for start, _ in spans.values()) >= min(end for _, end in spans.values()), spans
+    # The date started last, after another ended, found the warm worker that task left: the tasks'
+    # environments are equal under Airflow's supervisor (only per-try variables differ).
+    last = max(runs, key=lambda r: spans[r["logical_date"][:10]][0])
+    assert "Using 1 warm worker(s) left by an earlier task" in airflow.task_log(last["dag_run_id"], 1), airflow.logs()
     # The scheduler closes the backfill once its runs are done (until then another is refused).
     airflow.wait_for(
         "the backfill to complete",

@@ -118,6 +118,8 @@ class SharedRayClient:
                     write_warm(self.root, self.pool_key, {**warm, "workers": warm["workers"] - taken})
         except TimeoutError:  # another task is starting a head (minutes): this one starts its own workers
             return 0
+        if taken:
+            log.info("Using %d warm worker(s) left by an earlier task with this environment", taken)
         return taken
 
     def leave_warm(self, count: int, cpus: float, start: Callable[[int, float], bool]) -> int:
