@@ -38,7 +38,6 @@ from typing import Any
 from airflow_provider_raybatch.pipeline.errors import NoProgressError
 from airflow_provider_raybatch.pipeline.reaper import close_in_forked_children, forget
 from airflow_provider_raybatch.pipeline.shared_ray.folder import (
-    drop_unused,
     locked,
     private_dir,
     read_warm,
@@ -126,7 +125,7 @@ class SharedRayClient:
         """Leave up to ``count`` warm workers for the next task with this runtime_env, at most
         ``cpus`` for all runtime_envs together; ``start(n, keep_alive_s)`` asks Ray for them.
         Returns how many were started."""
-        keep_alive = float(self.record.get("idle_timeout_s", 600))
+        keep_alive = float(self.record["idle_timeout_s"])
         try:
             with locked(self.root, timeout_s=_WARM_LOCK_S):
                 warm = read_warm(self.root)
@@ -192,11 +191,7 @@ class SharedRayClient:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         forget(fd)
-        os.close(fd)
-        # Its environment's file goes once no task and no warm worker uses it; not now if another
-        # task holds the lock (starting a head, for minutes): the next join or release drops it.
-        with contextlib.suppress(TimeoutError), locked(self.root, timeout_s=0):
-            drop_unused(self.root)
+        os.close(fd)  # its environment's file goes with the monitor's next look, unless warm workers use it
 
 
 def _amounts(resources: Mapping[str, float]) -> str:

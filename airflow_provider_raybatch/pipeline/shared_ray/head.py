@@ -82,7 +82,6 @@ def join_shared_head(settings: LocalRaySettings) -> SharedRayClient:
                 record = None
         if record is None:
             record = _start_head(root, settings, version)
-        drop_unused(root)
         return SharedRayClient(root, record)
 
 
