@@ -32,6 +32,9 @@ if "RAYBATCH_LOCAL_RAY_DIR" not in os.environ:
 else:
     _SHARED_RAY_DIR = None  # a parent's (this is a test's subprocess) or the developer's: not ours to remove
 os.environ.setdefault("RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S", "60")
+# Transient store errors are retried for seconds within a try here, not minutes: the fault tests
+# make faults outlast them. Set before the suite's shared Ray is joined, so its workers have it too.
+os.environ.setdefault("RAYBATCH_STORE_RETRY_S", "3")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -31,6 +31,7 @@ from fsspec import AbstractFileSystem
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.errors import RayBatchError, StageError
 from airflow_provider_raybatch.pipeline.ledger import tmp_name
+from airflow_provider_raybatch.pipeline.retries import retry_transient
 from airflow_provider_raybatch.pipeline.stages import (
     ENGINE_ERROR,
     INTERNAL_PREFIX,
@@ -122,9 +123,9 @@ def write_block(
                 continue
             path = tmp_name(folder, str(index))
             try:
-                with fs.open(path, "wb") as f:
-                    pq.write_table(table, f)
-                    size = f.tell()
+                size = retry_transient(
+                    lambda path=path, table=table: _write_file(fs, path, table), f"writing range #{index} to {path}"
+                )
             except OSError as e:
                 raise RayBatchError(
                     f"cannot write rows of range #{index} of the plan to output {output_path!r} ({path}): "
@@ -148,8 +149,17 @@ def write_block(
             )
     metadata = pa.Table.from_pylist(rows, schema=FILE_METADATA)
     if rows:
-        _leave_receipt(fs, f"{folder}/block-{block_id}{RECEIPT_SUFFIX}", metadata)
+        receipt = f"{folder}/block-{block_id}{RECEIPT_SUFFIX}"
+        retry_transient(lambda: _leave_receipt(fs, receipt, metadata), f"writing {receipt}")
     return metadata
+
+
+def _write_file(fs: AbstractFileSystem, path: str, table: pa.Table) -> int:
+    """Write ``table`` to ``path`` as Parquet; return the file's size."""
+    with fs.open(path, "wb") as f:
+        pq.write_table(table, f)
+        size = f.tell()
+    return size
 
 
 class WritingStageWorker(StageWorker):

@@ -41,7 +41,8 @@ from typing import Any
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
-from airflow_provider_raybatch.pipeline.storage import read_json, write_json
+from airflow_provider_raybatch.pipeline.lease import LeaseLostError
+from airflow_provider_raybatch.pipeline.storage import exists, ls, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +113,13 @@ class CommitLog:
         }
         records: dict[str, dict[str, Any]] = {}
         read = {"manifest": 0, "segments": 0, "records": 0}
-        if self.fs.exists(self.manifest_path):
-            records.update(_decode(read_json(self.fs, self.manifest_path)))
+        if exists(self.fs, self.manifest_path):
+            _add_records(records, _decode(read_json(self.fs, self.manifest_path)))
             read["manifest"] = 1
         for kind, paths in listed.items():
             with ThreadPoolExecutor(max_workers=16) as pool:
                 for data in pool.map(lambda p: read_json(self.fs, p), paths):
-                    records.update(_decode(data) if kind == "segments" else {data["range_id"]: data})
+                    _add_records(records, _decode(data) if kind == "segments" else {data["range_id"]: data})
             read[kind] = len(paths)
         self.last_read = read
         self._segments_seen = self._segments_seen or bool(read["segments"])
@@ -141,17 +142,17 @@ class CommitLog:
             else:
                 now = round(time.time(), 3)
                 self._write_segment(0, [{**r, "committed_at": now} for r in records])
-        except OSError as e:
-            for name in (name for record in records for name in record["files"]):
-                with contextlib.suppress(OSError):  # unpublished again, so that readers never see them
-                    self.fs.rm(f"{self.root}/{name}")
+        except Exception as e:
+            # The write may have been applied all the same (write_json read it back and could not
+            # tell): the ranges' files stay where they are. The next try finds each range either
+            # recorded, with its files, or not, and then removes the files and redoes it.
             ids = [r["range_id"] for r in records]
             what = (
                 f"range {ids[0]}" if len(ids) == 1 else f"ranges {', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}"
             )
             raise RayBatchError(
                 f"cannot commit {what} of output {self.display_path!r}: {type(e).__name__}: {e}. "
-                "The ranges committed before are kept; these are redone on a retry"
+                "The ranges committed before are kept; these are committed or redone on a retry"
             ) from e
         self._merge(SEGMENT_FANOUT)
 
@@ -181,7 +182,9 @@ class CommitLog:
                         with contextlib.suppress(FileNotFoundError):
                             self.fs.rm(path)
                 level += 1
-        except OSError as e:
+        except LeaseLostError:
+            raise
+        except Exception as e:  # noqa: BLE001 - best effort, see above
             log.warning("Could not merge the commit records of %s (kept as they are): %s", self.display_path, e)
 
     def finish(self) -> None:
@@ -240,12 +243,22 @@ class CommitLog:
         write_json(self.fs, self.manifest_path, _encode(records.values()), compact=True)
 
 
+def _add_records(records: dict[str, dict[str, Any]], found: dict[str, dict[str, Any]]) -> None:
+    """Add ``found`` to ``records``; of two records of one range, the later committed wins.
+
+    A range has two records when a write whose outcome was unknown was applied after all, and a
+    later try redid the range (its files were missing); or when a merge or fold was cut short
+    (then both are the same). The later one names the files that are there.
+    """
+    for range_id, record in found.items():
+        known = records.get(range_id)
+        if known is None or record.get("committed_at", 0) >= known.get("committed_at", 0):
+            records[range_id] = record
+
+
 def _json_files(fs: AbstractFileSystem, folder: str) -> list[str]:
     """The JSON files of ``folder`` (none if it does not exist), without the temporary files of writes."""
-    try:
-        paths = fs.ls(folder, detail=False)
-    except FileNotFoundError:
-        return []
+    paths = ls(fs, folder)
     return sorted(p for p in paths if p.endswith(".json") and not posixpath.basename(p).startswith("."))
 
 

@@ -33,6 +33,14 @@ class StageError(RayBatchError):
     """A stage returned something that cannot be written (wrong type or row count)."""
 
 
+class StoreUnavailableError(RayBatchError):
+    """A store kept failing with errors that a later try may not meet (throttling, 5xx, timeouts,
+    resets) past the retries within the try, or a write's outcome could not be resolved.
+
+    Retryable: nothing whose outcome is unknown was deleted or counted, so a retry resumes safely.
+    """
+
+
 class NoProgressError(RayBatchError):
     """The pipeline committed no range and delivered no batch for ``progress_timeout`` seconds (a hung predictor).
 

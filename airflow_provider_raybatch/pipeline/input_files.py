@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError
+from airflow_provider_raybatch.pipeline.retries import retry_transient
 from airflow_provider_raybatch.pipeline.storage import GLOB_CHARS, is_hidden, static_prefix
 
 log = logging.getLogger(__name__)
@@ -89,13 +90,15 @@ def list_input_files(fs: AbstractFileSystem, fs_path: str, display_path: str) ->
 def read_file_info(
     fs: AbstractFileSystem, path: str, root: str, id_column: str | None = None
 ) -> tuple[InputFile, pa.Schema]:
-    try:
+    def read() -> tuple[int, dict[str, Any], pq.FileMetaData]:
         with fs.open(path, "rb") as f:
-            size = f.size
             # Remote files carry the listing's details (s3fs: ETag, LastModified); local ones are stat'ed.
-            details = getattr(f, "details", None) or fs.info(path)
-            metadata = pq.ParquetFile(f).metadata
-            schema = metadata.schema.to_arrow_schema()
+            return f.size, getattr(f, "details", None) or fs.info(path), pq.ParquetFile(f).metadata
+
+    try:
+        # Throttling or a reset is not a bad file: retried here, then a retryable StoreUnavailableError.
+        size, details, metadata = retry_transient(read, f"reading the footer of {path}")
+        schema = metadata.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as e:
         raise InputError(f"cannot read Parquet file {path!r}: {e}") from e
     footer = pa.BufferOutputStream()

@@ -30,7 +30,7 @@ from typing import Any
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
-from airflow_provider_raybatch.pipeline.storage import create_file, read_json, write_json
+from airflow_provider_raybatch.pipeline.storage import create_file, ls, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,9 @@ class Lease:
             self._thread.join()
         try:
             if self.record is not None and self.holds():
-                write_json(self.fs, self._path(self.record.generation), asdict(replace(self.record, released=True)))
-        except OSError as e:
+                record = asdict(replace(self.record, released=True))
+                write_json(self.fs, self._path(self.record.generation), record, retry_s=self.timeout_s / 4)
+        except Exception as e:  # noqa: BLE001 - see below
             # Often the very failure the run is ending on (a full disk, storage gone): it must not
             # hide that error. Unmarked, the lease is taken over once its heartbeat is stale.
             log.warning("Could not release the lease of %s (%s); it expires after %gs", self.display, e, self.timeout_s)
@@ -209,12 +210,9 @@ class Lease:
 
     def current(self) -> _Record | None:
         """The highest generation's record (None if the lease was never taken)."""
-        self.fs.invalidate_cache(self.folder)
-        if not self.fs.isdir(self.folder):
-            return None
         generations = sorted(
             int(name.removesuffix(".json"))
-            for name in (posixpath.basename(p) for p in self.fs.ls(self.folder, detail=False))
+            for name in (posixpath.basename(p) for p in ls(self.fs, self.folder))
             if name.endswith(".json") and name.removesuffix(".json").isdigit()
         )
         for generation in reversed(generations):
@@ -228,13 +226,22 @@ class Lease:
         return f"{self.folder}/{generation:012d}.json"
 
     def _create(self, path: str, record: _Record) -> bool:
-        """Create ``path`` only if it does not exist; False when another writer created it first."""
+        """Create ``path`` only if it does not exist; False when another writer created it first.
+
+        A create whose reply was lost and that the client then retried is refused by the store
+        although it won: :func:`.storage.create_file` reads the object back, and the record (this
+        holder, this moment) tells this writer's own from another's.
+        """
         return create_file(self.fs, path, json.dumps(asdict(record), indent=1, sort_keys=True).encode())
 
     def _remove_older(self, generation: int) -> None:
-        for g in range(max(1, generation - 5), generation - 1):  # keep the previous one: it names who was replaced
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(self._path(g))
+        """Tidy up older generations (best effort: the highest generation is the lease, whatever is left)."""
+        try:
+            for g in range(max(1, generation - 5), generation - 1):  # keep the previous one: it names who was replaced
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(self._path(g))
+        except Exception as e:  # noqa: BLE001
+            log.warning("Could not remove old generations of the lease on %s: %s", self.display, e)
 
     def _heartbeat(self) -> None:
         interval = self.timeout_s / 4
@@ -244,7 +251,7 @@ class Lease:
                     log.warning("Lease on %s taken over: stopping the heartbeat", self.display)
                     return
                 self.record = replace(self.record, heartbeat=time.time())
-                write_json(self.fs, self._path(self.record.generation), asdict(self.record))
+                write_json(self.fs, self._path(self.record.generation), asdict(self.record), retry_s=interval)
                 self._renewed = time.monotonic()
             except Exception as e:  # noqa: BLE001 - a missed beat is retried; check() fences a long gap
                 log.warning("Could not renew the lease on %s: %s", self.display, e)

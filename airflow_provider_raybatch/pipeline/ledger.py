@@ -30,8 +30,10 @@ The commit records themselves (segments, manifest, layout versions) are kept by 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import posixpath
 import uuid
 from dataclasses import asdict, dataclass
@@ -44,8 +46,20 @@ from airflow_provider_raybatch.pipeline.commit_log import OUTPUT_SCOPE, PLAN_VER
 from airflow_provider_raybatch.pipeline.errors import ConfigError, RayBatchError
 from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.planner import recorded_ranges
+from airflow_provider_raybatch.pipeline.retries import retry_transient
 from airflow_provider_raybatch.pipeline.schemas import schema_from_json, schema_to_json
-from airflow_provider_raybatch.pipeline.storage import create_file, ensure_folder, fsync, read_json, resolve, write_json
+from airflow_provider_raybatch.pipeline.storage import (
+    create_file,
+    ensure_folder,
+    fsync,
+    ls,
+    move,
+    read_json,
+    resolve,
+    write_json,
+)
+
+log = logging.getLogger(__name__)
 
 META_DIR = "_raybatch"
 REJECTS_DIR = "_rejects"
@@ -102,8 +116,7 @@ class OutputLedger(CommitLog):
         return f"{self.meta}/{PARTITION_LEASES_DIR}/{key}"
 
     def partition_lease_folders(self) -> list[str]:
-        folder = f"{self.meta}/{PARTITION_LEASES_DIR}"
-        return self.fs.ls(folder, detail=False) if self.fs.isdir(folder) else []
+        return ls(self.fs, f"{self.meta}/{PARTITION_LEASES_DIR}")
 
     def data_file(self, range_id: str) -> str:
         return f"{self.root}/part-{range_id}.parquet"
@@ -130,9 +143,10 @@ class OutputLedger(CommitLog):
 
     def load_plan(self) -> PlanRecord | None:
         """The recorded plan; an output written by a newer, incompatible layout is refused."""
-        if not self.fs.exists(self.plan_path):
+        try:
+            data = read_json(self.fs, self.plan_path)
+        except FileNotFoundError:
             return None
-        data = read_json(self.fs, self.plan_path)
         version = data.get("version")
         if not isinstance(version, int) or version > PLAN_VERSION:
             raise ConfigError(
@@ -242,7 +256,7 @@ class OutputLedger(CommitLog):
                 target = final if len(tmps) == 1 else f"{stem}.{n}.parquet"
                 try:
                     fsync(self.fs, tmp)  # the content is on disk before it gets its final name
-                    self.fs.mv(tmp, target)
+                    move(self.fs, tmp, target)
                 except FileNotFoundError as e:
                     raise RayBatchError(
                         f"range {range_id}: file {tmp} written by a Ray worker is not visible to the driver. "
@@ -258,31 +272,63 @@ class OutputLedger(CommitLog):
             record.update(rejected=rejected, engine_errors=engine_errors)
         return record
 
-    def remove_uncommitted(self, committed: dict[str, dict[str, Any]], range_ids: list[str] | None = None) -> list[str]:
-        """Delete data and rejects files of ranges without a commit record, and abandoned temporary files.
+    def reconcile(
+        self, committed: dict[str, dict[str, Any]], range_ids: list[str] | None = None
+    ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        """Make the output's files agree with its records, before a writer starts.
+
+        A record whose files are not all there does not count: its range is redone (a write
+        whose outcome was unknown can leave such a record, applied after the try that wrote
+        it had given up on it). Then the data and rejects files of ranges without a record
+        are deleted, and this writer's temporary folder with them.
 
         With ``range_ids`` (one partition of a mapped run), only files of those ranges: other
         partitions' tasks may be writing theirs at the same time.
+
+        :returns: the records that stand, and the paths deleted.
         """
-        keep = {name for record in committed.values() for name in record["files"]}
-        stale = []
-        for folder in (self.root, self.rejects_dir):
-            if self.fs.isdir(folder):
-                for path in self.fs.ls(folder, detail=False):
-                    name = posixpath.basename(path.rstrip("/"))
-                    if name.startswith("part-") and posixpath.relpath(path, self.root) not in keep:
-                        stale.append(path)
+        present = {
+            posixpath.relpath(path, self.root)
+            for folder in (self.root, self.rejects_dir)
+            for path in ls(self.fs, folder)
+            if posixpath.basename(path.rstrip("/")).startswith("part-")
+        }
+        standing = {}
+        for range_id, record in committed.items():
+            if all(name in present for name in record["files"]):
+                standing[range_id] = record
+            else:
+                missing = [name for name in record["files"] if name not in present]
+                log.warning(
+                    "Range %s of %s is recorded but its file(s) %s are not there: redone",
+                    range_id,
+                    self.display_path,
+                    missing,
+                )
+        keep = {name for record in standing.values() for name in record["files"]}
+        stale = [f"{self.root}/{name}" for name in sorted(present - keep)]
         if range_ids is not None:
             # part-<id>.parquet and part-<id>.<n>.parquet both start with "part-<id>.".
             prefixes = tuple(f"part-{range_id}." for range_id in range_ids)
             stale = [p for p in stale if posixpath.basename(p).startswith(prefixes)]
-        if self.fs.isdir(self.tmp_dir):  # this writer's own: a partition's writer leaves the others' alone
+        if ls(self.fs, self.tmp_dir):  # this writer's own: a partition's writer leaves the others' alone
             stale.append(self.tmp_dir)
         if stale:
             self.fence()
         for path in stale:
-            self.fs.rm(path, recursive=True)
-        return stale
+            retry_transient(lambda path=path: _remove(self.fs, path), f"removing {path}")
+        return standing, stale
+
+    def clear_tmp(self) -> None:
+        """Remove this writer's temporary folder (the write steps' receipts) once its ranges are all recorded.
+
+        Best effort: the next writer of the scope removes what is left.
+        """
+        try:
+            if ls(self.fs, self.tmp_dir):
+                retry_transient(lambda: _remove(self.fs, self.tmp_dir), f"removing {self.tmp_dir}")
+        except Exception as e:  # noqa: BLE001
+            log.warning("Could not remove the temporary files in %s: %s", self.tmp_dir, e)
 
     def reset(self) -> None:
         """Remove what this protocol wrote (``mode="overwrite"``): part files, ``_rejects/`` and
@@ -300,6 +346,12 @@ class OutputLedger(CommitLog):
             ]
         for path in doomed:
             self.fs.rm(path, recursive=True)
+
+
+def _remove(fs: AbstractFileSystem, path: str) -> None:
+    """Delete ``path`` (recursively); already gone counts as done (a delete retried after its reply was lost)."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path, recursive=True)
 
 
 def tmp_name(folder: str, label: str) -> str:

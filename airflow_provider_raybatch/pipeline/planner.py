@@ -26,6 +26,7 @@ from airflow_provider_raybatch.pipeline.input_files import (
     list_input_files,
     read_footers,
 )
+from airflow_provider_raybatch.pipeline.retries import retry_transient
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def plan_input(
     :param footer_reader: how the footers are read (:data:`FooterReader`); None: :func:`read_footers`,
         threads here or Ray tasks on a Ray driver.
     """
-    root, paths = list_input_files(fs, fs_path, display_path)
+    root, paths = retry_transient(lambda: list_input_files(fs, fs_path, display_path), f"listing {display_path}")
     infos = (footer_reader or read_footers)(fs, root, paths, id_column)
     files = [info for info, _ in infos]
     first_schema = infos[0][1]

@@ -132,17 +132,23 @@ def _take_lease(config: BatchInferenceConfig, ledger: OutputLedger, holder: Leas
         partition = "" if folder == ledger.lease_folder() else f"partition {posixpath.basename(folder)} of "
         return Lease(ledger.fs, folder, f"{partition}output {config.output_path}", holder, config.lease_timeout)
 
-    if config.range_ids is None:
-        lease = make(ledger.lease_folder())
-        others = [make(folder) for folder in ledger.partition_lease_folders()]
-    else:
-        lease = make(ledger.lease_folder(config.range_ids))
-        others = [make(ledger.lease_folder())]
+    whole = config.range_ids is None
+    lease = make(ledger.lease_folder() if whole else ledger.lease_folder(config.range_ids))
     lease.acquire()
-    for other in others:
-        if (record := other.live()) is not None:
-            lease.release()
-            raise other.busy_error(record)
+    try:
+        # The other kind is looked for only once this lease is taken: of a whole-output writer and
+        # a partition's writer starting together, each creates its lease before it looks for the
+        # other's, so the one that looks last sees the other's and stops, in every interleaving.
+        # (Listed before, a partition lease created in between was missed, and both wrote.)
+        others = (
+            [make(folder) for folder in ledger.partition_lease_folders()] if whole else [make(ledger.lease_folder())]
+        )
+        for other in others:
+            if (record := other.live()) is not None:
+                raise other.busy_error(record)
+    except BaseException:
+        lease.release()
+        raise
     ledger.fence = lease.check
     return lease
 
@@ -205,7 +211,7 @@ def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger)
             # Left by many tries that ended before folding theirs: fold them now, so that the
             # objects read at start stay few whatever happens to the tries.
             ledger.compact()
-    _remove_uncommitted(ledger, committed, None)
+    committed = _reconcile(ledger, committed, None)
     if not committed:
         # Recorded by a run that then committed nothing: the schema is fixed by the first range committed.
         ledger.forget_schemas()
@@ -246,8 +252,7 @@ def _open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedg
         )
     wanted = set(config.range_ids or ())
     committed = {range_id: r for range_id, r in ledger.committed().items() if range_id in wanted}
-    _remove_uncommitted(ledger, committed, config.range_ids)
-    return committed
+    return _reconcile(ledger, committed, config.range_ids)
 
 
 def _differences(config: BatchInferenceConfig, plan: Plan, recorded: PlanRecord) -> tuple[str, list[str]]:
@@ -257,9 +262,11 @@ def _differences(config: BatchInferenceConfig, plan: Plan, recorded: PlanRecord)
     return changes, job_diff
 
 
-def _remove_uncommitted(
+def _reconcile(
     ledger: OutputLedger, committed: dict[str, dict[str, Any]], range_ids: list[str] | None
-) -> None:
-    removed = ledger.remove_uncommitted(committed, range_ids)
+) -> dict[str, dict[str, Any]]:
+    """The records that stand (their files are there); files of uncommitted ranges removed."""
+    standing, removed = ledger.reconcile(committed, range_ids)
     if removed:
         log.info("Removed %d file(s) of uncommitted ranges", len(removed))
+    return standing

@@ -59,6 +59,7 @@ def run_batch_inference(
     run = prepare(config, ray_job=ray_job)
     try:
         progress = _process(config, run, ray_address, namespace)
+        run.ledger.clear_tmp()  # every range is recorded: the write steps' receipts have served
     finally:
         run.release()
     progress.check_errors(config.max_error_fraction, config.output_path, final=True)

@@ -12,6 +12,7 @@ default). Later stages never see rejected rows; the driver writes them to the re
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +28,7 @@ from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, Stage, Tran
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, StageError
 from airflow_provider_raybatch.pipeline.input_files import InputFile
 from airflow_provider_raybatch.pipeline.planner import RowRange
+from airflow_provider_raybatch.pipeline.retries import is_transient, retry_transient
 from airflow_provider_raybatch.pipeline.tensors import output_to_table, table_to_numpy
 
 INTERNAL_PREFIX = "__raybatch_"
@@ -216,8 +218,13 @@ def read_ranges(
 ) -> Iterator[pa.Table]:
     """Read ranges of one file, given as (index, range) in file order, a row group slice at a time,
     with their internal columns. A row group that several ranges share is decoded once."""
-    with fs.open(file.path, "rb") as f:
-        parquet = pq.ParquetFile(f)
+    with contextlib.ExitStack() as handles:
+
+        def open_parquet() -> pq.ParquetFile:
+            return pq.ParquetFile(handles.enter_context(fs.open(file.path, "rb")))
+
+        # Opening reads the footer: throttling then is waited out as for the row groups below.
+        parquet = retry_transient(open_parquet, f"opening {file.path!r}")
         cached: tuple[int, pa.Table] | None = None
         for index, row_range in ranges:
             offset = 0
@@ -237,16 +244,23 @@ def read_ranges(
 def _read_again(
     fs: AbstractFileSystem, file: InputFile, group: int, columns: list[str], row_range: RowRange, first: Exception
 ) -> pa.Table:
-    """A failed row group read, once more from a fresh handle: a dropped connection passes then.
+    """A failed row group read, again from a fresh handle: a dropped connection passes then.
 
-    Damaged data (a corrupt page under a valid footer) fails the same way again and is reported
-    as a permanent :class:`InputError` naming the file and the row group, so no retry repeats it.
+    Store errors that a later attempt may not meet (throttling, 5xx, resets: :func:`.retries.is_transient`)
+    are retried with backoff for a bounded time, then fail the try retryably. Damaged data (a
+    corrupt page under a valid footer) fails the same way twice and is reported as a permanent
+    :class:`InputError` naming the file and the row group, so no retry repeats it.
     """
-    try:
+
+    def read() -> pa.Table:
         with fs.open(file.path, "rb") as f:
             return pq.ParquetFile(f).read_row_group(group, columns=columns)
+
+    what = f"reading row group {group} of {file.path!r} (range {row_range.id})"
+    try:
+        return read() if not is_transient(first) else retry_transient(read, what)
     except (OSError, pa.ArrowException) as second:
-        if type(first) is not type(second) or str(first) != str(second):
+        if is_transient(second) or type(first) is not type(second) or str(first) != str(second):
             raise
         raise InputError(
             f"cannot read row group {group} of {file.path!r} (range {row_range.id}): "

@@ -4,15 +4,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import posixpath
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import fsspec
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.retries import is_transient, retry_transient
 from airflow_provider_raybatch.pipeline.schemes import options_for
+
+log = logging.getLogger(__name__)
 
 GLOB_CHARS = "*?["
 
@@ -81,10 +86,19 @@ def ensure_folder(fs: AbstractFileSystem, folder: str) -> None:
         fsync(fs, posixpath.dirname(folder))
 
 
-def write_json(fs: AbstractFileSystem, path: str, payload: Any, *, compact: bool = False) -> None:
+def write_json(
+    fs: AbstractFileSystem, path: str, payload: Any, *, compact: bool = False, retry_s: float | None = None
+) -> None:
     """Write a JSON file durably, so that readers see the old or the new content, never a partial one.
 
+    Transient store errors are retried (:func:`.retries.retry_transient`: the same bytes to the
+    same name). A write that still fails may have been applied all the same (a store can apply a
+    PUT and answer 500, or lose the reply): it is read back, and counts as written when the
+    store holds these bytes. Otherwise the error is raised, and the caller must treat the write
+    as possibly done: delete nothing and count nothing on it.
+
     :param compact: without indentation (large files: a plan, commit records), else one value a line.
+    :param retry_s: how long transient errors are retried (None: :func:`.retries.store_retry_seconds`).
     """
     if compact:
         data = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
@@ -100,16 +114,41 @@ def write_json(fs: AbstractFileSystem, path: str, payload: Any, *, compact: bool
         fsync(fs, tmp)
         fs.mv(tmp, path)
         fsync(fs, folder)
-    else:
-        # Object stores publish an object only once its upload completes.
-        with fs.open(path, "wb") as f:
-            f.write(data)
+        return
+    # Object stores publish an object only once its upload completes.
+    try:
+        retry_transient(
+            lambda: _settled(lambda: fs.pipe_file(path, data), fs, path, data), f"writing {path}", budget_s=retry_s
+        )
+    except Exception as e:
+        if holds(fs, path, data):
+            log.warning("Writing %s failed (%s: %s), but the store holds it: it was applied", path, type(e).__name__, e)
+            return
+        raise
+
+
+def _settled(write: Callable[[], Any], fs: AbstractFileSystem, path: str, data: bytes) -> None:
+    """``write()``; a transient error after which the store holds ``data`` at ``path`` counts as success.
+
+    A store that applied the write and answered an error (or lost the reply) is found out at
+    once, with one read, rather than after the retries of a write that succeeded long ago.
+    """
+    try:
+        write()
+    except Exception as e:
+        if is_transient(e) and holds(fs, path, data, retry_s=0):
+            return
+        raise
 
 
 def create_file(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
     """Create ``path`` holding ``data`` only if it does not exist; False when another writer created it first.
 
-    Of writers racing to create one name, exactly one wins, on every filesystem.
+    Of writers racing to create one name, exactly one wins, on every filesystem. On an object
+    store a create whose reply was lost is retried by the client and then refused (the object
+    exists: the first attempt made it); a refusal or an error is therefore resolved by reading
+    the object back: it is this writer's when it holds ``data`` (which callers make unique to
+    the writer where it matters, e.g. a lease record naming the writer and the time).
     """
     if is_local(fs):
         # Written aside, then hard-linked to its name: link() fails if the name exists, and a
@@ -132,12 +171,62 @@ def create_file(fs: AbstractFileSystem, path: str, data: bytes) -> bool:
     try:
         # A conditional write, refused if the object exists: S3 and Azure send If-None-Match: *
         # (s3fs, adlfs), GCS ifGenerationMatch=0 (gcsfs); each raises FileExistsError on refusal.
-        fs.pipe_file(path, data, mode="create")
+        create = lambda: fs.pipe_file(path, data, mode="create")  # noqa: E731
+        retry_transient(lambda: _settled(create, fs, path, data), f"creating {path}")
     except FileExistsError:
-        return False
+        return holds(fs, path, data)
+    except Exception:
+        if holds(fs, path, data):
+            return True
+        if exists(fs, path):
+            return False  # another writer's: this one's create was not applied
+        raise
     return True
 
 
+def move(fs: AbstractFileSystem, source: str, target: str) -> None:
+    """Rename ``source`` to ``target`` (on object stores: copy, then delete), transient errors retried.
+
+    A move retried after an attempt whose reply was lost finds the source gone: it is done
+    when the target is there and the source is not.
+    """
+    try:
+        retry_transient(lambda: fs.mv(source, target), f"moving {source} to {target}")
+    except FileNotFoundError:
+        if not exists(fs, source) and exists(fs, target):
+            return
+        raise
+
+
+def holds(fs: AbstractFileSystem, path: str, data: bytes, *, retry_s: float | None = None) -> bool:
+    """Whether ``path`` holds exactly ``data`` (False when it is missing or cannot be read).
+
+    :param retry_s: how long transient errors are retried (None: :func:`.retries.store_retry_seconds`).
+    """
+    try:
+        return retry_transient(lambda: fs.cat_file(path), f"reading back {path}", budget_s=retry_s) == data
+    except Exception:  # noqa: BLE001 - unknown: the caller treats the write as not resolved
+        return False
+
+
+def exists(fs: AbstractFileSystem, path: str) -> bool:
+    """``fs.exists`` with transient errors retried (a listing's cache is bypassed)."""
+    fs.invalidate_cache(posixpath.dirname(path))
+    return retry_transient(lambda: fs.exists(path), f"looking up {path}")
+
+
+def ls(fs: AbstractFileSystem, folder: str) -> list[str]:
+    """The paths in ``folder`` (none if it does not exist), listed afresh, transient errors retried."""
+    fs.invalidate_cache(folder)
+
+    def listing() -> list[str]:
+        try:
+            return fs.ls(folder, detail=False)
+        except FileNotFoundError:
+            return []
+
+    return retry_transient(listing, f"listing {folder}")
+
+
 def read_json(fs: AbstractFileSystem, path: str) -> Any:
-    with fs.open(path, "rb") as f:
-        return json.loads(f.read())
+    return json.loads(retry_transient(lambda: fs.cat_file(path), f"reading {path}"))

@@ -1,0 +1,234 @@
+"""Exactly once when the object store fails the way stores do: ambiguous writes, lost replies, throttling.
+
+A real moto S3 server behind :class:`tests.fault_proxy.FaultProxy` on loopback, reached through
+s3fs, and a real local Ray. A "task" is a sequence of tries of ``run_batch_inference`` (as
+Airflow's retries would make them); each case checks, after every successful try, that the
+output passes the verifier, holds every input row exactly once and matches the try's summary.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pyarrow.parquet as pq
+import pytest
+import s3fs
+
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.errors import NotRetryableError, StoreUnavailableError
+from airflow_provider_raybatch.pipeline.input_files import read_file_info
+from airflow_provider_raybatch.pipeline.planner import plan_input
+from airflow_provider_raybatch.pipeline.retries import STORE_RETRY_ENV
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.stages import read_ranges
+from airflow_provider_raybatch.pipeline.summary import RunSummary
+from airflow_provider_raybatch.pipeline.verify import verify_output
+from tests.data import features_table
+from tests.fault_proxy import FaultProxy, Rule
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+BUCKET = "raybatch-test"
+ROWS = 200
+
+#: Every object the commit protocol writes, by the path of its requests (S3 REST, through s3fs).
+WRITES = {
+    "data file": ("PUT", r"/_raybatch/tmp/.*part-[^/]*\.parquet$"),
+    "receipt": ("PUT", r"/_raybatch/tmp/.*block-[^/]*\.metadata\.arrow$"),
+    "published file": ("PUT", r"/out/part-[^/]*\.parquet$"),
+    "segment": ("PUT", r"/_raybatch/segments/"),
+    "manifest": ("PUT", r"/_raybatch/manifest\.json$"),
+    "plan": ("PUT", r"/_raybatch/plan\.json$"),
+    "schema": ("PUT", r"/_raybatch/schemas/"),
+    "lease generation": ("PUT", r"/_raybatch/lease/"),
+    "delete": ("POST", r"\?delete"),  # s3fs deletes in batches, one file or many
+}
+
+
+@pytest.fixture(autouse=True)
+def _record_each_range(monkeypatch):
+    """A segment per range: faults hit each commit. (Transient errors are retried for a few seconds
+    within a try in this suite, see conftest.py: faults that outlast them fail the try.)"""
+    monkeypatch.setenv("RAYBATCH_RECORD_INTERVAL_S", "0")
+
+
+@pytest.fixture
+def proxy(s3_server):
+    with FaultProxy(s3_server["client_kwargs"]["endpoint_url"], seed=7) as proxy:
+        yield proxy
+
+
+def store_options(s3_server, proxy: FaultProxy) -> dict:
+    """s3fs options that reach the server through ``proxy``; botocore retries twice (its default is five
+    times with backoff), so that a fault that outlasts the client's retries does so in seconds."""
+    return {
+        **s3_server,
+        "client_kwargs": {**s3_server["client_kwargs"], "endpoint_url": proxy.url},
+        "config_kwargs": {"retries": {"max_attempts": 2, "mode": "standard"}},
+        "skip_instance_cache": True,
+    }
+
+
+def write_input(s3_server, prefix: str, sizes: list[int]) -> None:
+    fs = s3fs.S3FileSystem(**s3_server)
+    start = 0
+    for i, n in enumerate(sizes):
+        buffer = io.BytesIO()
+        pq.write_table(features_table(n, start), buffer, row_group_size=50)
+        fs.pipe_file(f"{BUCKET}/{prefix}/in/part-{i}.parquet", buffer.getvalue())
+        start += n
+
+
+def task_config(s3_server, proxy: FaultProxy, prefix: str) -> BatchInferenceConfig:
+    return BatchInferenceConfig(
+        input_path=f"s3://{BUCKET}/{prefix}/in",
+        output_path=f"s3://{BUCKET}/{prefix}/out",
+        stages=[Stage("tests.predictors:score")],
+        id_column="id",
+        rows_per_range=50,
+        storage_options=store_options(s3_server, proxy),
+        run_key=f"dag/{prefix}/task/-1",
+    )
+
+
+def output_rows(s3_server, prefix: str) -> list[int]:
+    fs = s3fs.S3FileSystem(**s3_server, skip_instance_cache=True)
+    ids: list[int] = []
+    for path in fs.glob(f"{BUCKET}/{prefix}/out/part-*.parquet"):
+        ids += pq.read_table(io.BytesIO(fs.cat_file(path)), columns=["id"]).column("id").to_pylist()
+    return ids
+
+
+def assert_sound(s3_server, prefix: str, summary: RunSummary) -> None:
+    """The output as a reader finds it agrees with the verifier, with every input row once, and with the summary."""
+    assert verify_output(f"s3://{BUCKET}/{prefix}/out", s3_server) == []
+    ids = output_rows(s3_server, prefix)
+    assert sorted(ids) == list(range(ROWS)), f"{len(ids)} rows, {len(set(ids))} distinct"
+    assert summary.rows_out == len(ids) == summary.rows_in
+
+
+def run_task(s3_server, proxy: FaultProxy, prefix: str, phases: tuple[list[Rule], ...] = (), tries: int = 3) -> list:
+    """Tries of one task, each summary or error, until one succeeds (its output is then checked).
+
+    :param phases: the proxy's rules during the first tries, one list per try; the rules in place
+        when the test calls this are those of the first try (when ``phases`` is empty); later tries run clean.
+    """
+    outcomes: list[object] = []
+    for attempt in range(tries):
+        if attempt < len(phases):
+            proxy.clear()
+            for rule in phases[attempt]:
+                proxy.rules.append(rule)
+        elif attempt > 0:
+            proxy.clear()
+        try:
+            summary = run_batch_inference(task_config(s3_server, proxy, prefix))
+        except NotRetryableError:
+            raise  # a store fault must never fail a task for good
+        except Exception as e:  # noqa: BLE001 - a failed try: Airflow retries it
+            outcomes.append(e)
+            continue
+        outcomes.append(summary)
+        assert_sound(s3_server, prefix, summary)
+        return outcomes
+    pytest.fail(f"no try of {tries} succeeded: {outcomes}")
+
+
+@pytest.mark.parametrize("kind", ["error_after", "drop_after"])
+@pytest.mark.parametrize("write", list(WRITES))
+def test_every_write_of_the_protocol_with_an_unknown_outcome_ends_exactly_once(s3_server, proxy, write, kind):
+    """Each write the store applies but answers with an error (or whose reply is lost), on every
+    request of that kind during the first try: the task ends, within its retries, in an output
+    with every row once and a summary that counts exactly what is there."""
+    prefix = f"classes-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [100, 100])
+    method, path = WRITES[write]
+    rule = proxy.add(kind, method=method, path=path, times=None)
+    run_task(s3_server, proxy, prefix)
+    assert rule.applied > 0, f"no {write} request met the fault"
+
+
+@pytest.mark.parametrize("kind", ["error_after", "drop_after"])
+def test_deletes_of_a_resume_with_an_unknown_outcome_end_exactly_once(s3_server, proxy, kind):
+    """A try fails before recording its ranges (segments refused), so the next try deletes their
+    published files before redoing them; those deletes are applied but answered with an error
+    (or their replies lost). The task still ends with every row once."""
+    prefix = f"deletes-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [100, 100])
+    refuse = Rule("error", method="PUT", path=r"/_raybatch/segments/", times=None, after=2)
+    deletes = Rule(kind, method="POST", path=r"\?delete", times=None)
+    outcomes = run_task(s3_server, proxy, prefix, phases=([refuse], [deletes]))
+    assert isinstance(outcomes[0], Exception), outcomes[0]
+    assert deletes.applied > 0
+
+
+def test_a_segment_applied_but_answered_500_is_not_lost_nor_counted_twice(s3_server, proxy):
+    """Case 1: the store keeps a commit-record segment but answers 500, and reading it back fails
+    too, so the try cannot tell: it fails without deleting the ranges' files, and the retry finds
+    them committed (it used to delete them, then skip their ranges and report rows that were gone)."""
+    prefix = f"segment-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [100, 100])
+    put = proxy.add("error_after", method="PUT", path=r"/_raybatch/segments/", times=None, after=2)
+    proxy.add("error", method="GET", path=r"/_raybatch/segments/", times=None)
+    outcomes = run_task(s3_server, proxy, prefix)
+    assert put.applied > 0
+    assert isinstance(outcomes[0], Exception) and "cannot commit" in str(outcomes[0]), outcomes[0]
+
+
+def test_a_lease_created_whose_reply_was_lost_is_the_writers_own(s3_server, proxy):
+    """Case 2: the lease's create is applied, its reply dropped; the client retries and the store
+    answers 412. The writer reads the lease back, recognises its own generation, and goes on."""
+    prefix = f"lease-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [100, 100])
+    rule = proxy.add("drop_after", method="PUT", path=r"/_raybatch/lease/0+1\.json$", times=1)
+    summary = run_batch_inference(task_config(s3_server, proxy, prefix))
+    assert rule.applied == 1
+    assert_sound(s3_server, prefix, summary)
+
+
+def test_a_throttling_burst_during_planning_is_waited_out(s3_server, proxy, monkeypatch):
+    """Case 3: 503 SlowDown on the input's reads for longer than the client's own retries: the
+    planner waits it out within the try's retry budget, and the task succeeds."""
+    monkeypatch.setenv(STORE_RETRY_ENV, "60")
+    prefix = f"throttle-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [100, 100])
+    rule = proxy.add("throttle", method="GET", path=r"/in/part-0\.parquet$", times=12)
+    summary = run_batch_inference(task_config(s3_server, proxy, prefix))
+    assert rule.applied == 12
+    assert_sound(s3_server, prefix, summary)
+
+
+def test_throttling_past_the_retry_budget_fails_the_try_retryably(s3_server, proxy):
+    """Case 3: throttling that lasts past the budget fails the try with a retryable error naming
+    the file, not a non-retryable input error; once it ends, the next try succeeds."""
+    prefix = f"throttled-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [100, 100])
+    proxy.add("throttle", method="GET", path=r"/in/part-1\.parquet$", times=None)
+    outcomes = run_task(s3_server, proxy, prefix)
+    first = outcomes[0]
+    assert isinstance(first, StoreUnavailableError), repr(first)
+    assert "in/part-1.parquet" in str(first) and not isinstance(first, NotRetryableError)
+
+
+def test_throttling_while_reading_rows_is_not_taken_for_a_damaged_file(s3_server, proxy, monkeypatch):
+    """Case 3: the same 503 twice on a row group read used to be reported as a damaged file
+    ("replace it and rerun with mode='overwrite'", which throws away committed ranges)."""
+    monkeypatch.setenv(STORE_RETRY_ENV, "60")
+    prefix = f"reading-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [150])
+    fs = s3fs.S3FileSystem(**store_options(s3_server, proxy))
+    plan = plan_input(fs, f"{BUCKET}/{prefix}/in", "in", None, 50, "id")
+    rule = proxy.add("throttle", method="GET", path=r"/in/part-0\.parquet$", times=20)
+    tables = list(read_ranges(fs, plan.files[0], list(enumerate(plan.ranges)), ["id"], ["id"], False))
+    assert rule.applied == 20
+    assert sum(t.num_rows for t in tables) == 150
+
+
+def test_a_file_that_stays_unreadable_is_still_an_input_error(s3_server, proxy):
+    """What a retry cannot change stays permanent: a file that is not Parquet."""
+    prefix = f"corrupt-{uuid.uuid4().hex[:8]}"
+    fs = s3fs.S3FileSystem(**store_options(s3_server, proxy))
+    fs.pipe_file(f"{BUCKET}/{prefix}/in/part-0.parquet", b"not parquet at all")
+    with pytest.raises(NotRetryableError, match="part-0.parquet"):
+        read_file_info(fs, f"{BUCKET}/{prefix}/in/part-0.parquet", f"{BUCKET}/{prefix}/in")
