@@ -37,7 +37,13 @@ from airflow_provider_raybatch.pipeline.shared_ray.processes import (
     kill_head,
     start_time,
 )
-from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings, head_dir, python_key, ray_version
+from airflow_provider_raybatch.pipeline.shared_ray.settings import (
+    LOOPBACK_ENV,
+    LocalRaySettings,
+    head_dir,
+    python_key,
+    ray_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +109,7 @@ def _start_head(root: Path, settings: LocalRaySettings, version: str) -> dict[st
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token),
             "RAY_USAGE_STATS_ENABLED": "0",
+            **LOOPBACK_ENV,  # every port of the head on 127.0.0.1, not on every interface
             # `ray` must import in the head even when the task found it through PYTHONPATH.
             "PYTHONPATH": _ray_site(),
         }

@@ -20,6 +20,12 @@ SHARED, PER_TASK = "shared", "per-task"
 #: a DAG run, so retries and the next tasks find it warm; short enough that an idle laptop gets its
 #: memory (~0.5 GB for the head's daemons) back soon.
 DEFAULT_IDLE_TIMEOUT_S = 600.0
+#: Ray keeps a local node on loopback only where its multi-node support is off, as it is by default on macOS and
+#: Windows. Elsewhere it turns 127.0.0.1 (given as the node's address, or as an address to connect to) into the
+#: host's outward address, and its GCS, raylet, client server and agents listen on every interface. Ray reads this
+#: when it is imported; on Linux it changes nothing else (see
+#: :mod:`airflow_provider_raybatch.pipeline.ray_runtime`).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @dataclass(frozen=True)
