@@ -14,7 +14,12 @@ from airflow_provider_raybatch.pipeline.reaper import start_reaper
 from airflow_provider_raybatch.pipeline.shared_ray.auth import restore_auth, use_head_token
 from airflow_provider_raybatch.pipeline.shared_ray.client import SharedRayClient
 from airflow_provider_raybatch.pipeline.shared_ray.head import join_shared_head
-from airflow_provider_raybatch.pipeline.shared_ray.settings import LOOPBACK_ENV, LocalRaySettings
+from airflow_provider_raybatch.pipeline.shared_ray.settings import (
+    LOOPBACK_ENV,
+    LocalRaySettings,
+    per_task_ray_dir,
+    ray_temp_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,7 @@ def ray_session(
     if local.mode == "shared":
         log.info("A shared local Ray needs Linux: starting one for this task")
     log.info("Starting an embedded local Ray for this task")
+    temp_dir = ray_temp_dir(*per_task_ray_dir())  # before anything starts: a folder too long for its sockets
     import ray
 
     # Before ray.init: a kill during the start (seconds) must not leave processes either.
@@ -83,6 +89,7 @@ def ray_session(
                 runtime_env=python_path_runtime_env(),
                 configure_logging=False,
                 namespace=namespace,
+                _temp_dir=str(temp_dir),
             )
     except BaseException:
         if reaper is not None:
