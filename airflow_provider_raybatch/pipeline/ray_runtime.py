@@ -14,7 +14,12 @@ from airflow_provider_raybatch.pipeline.reaper import start_reaper
 from airflow_provider_raybatch.pipeline.shared_ray.auth import restore_auth, use_head_token
 from airflow_provider_raybatch.pipeline.shared_ray.client import SharedRayClient
 from airflow_provider_raybatch.pipeline.shared_ray.head import join_shared_head
-from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings
+from airflow_provider_raybatch.pipeline.shared_ray.settings import (
+    LOOPBACK_ENV,
+    LocalRaySettings,
+    per_task_ray_dir,
+    ray_temp_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +77,20 @@ def ray_session(
     if local.mode == "shared":
         log.info("A shared local Ray needs Linux: starting one for this task")
     log.info("Starting an embedded local Ray for this task")
+    temp_dir = ray_temp_dir(*per_task_ray_dir())  # before anything starts: a folder too long for its sockets
     import ray
 
     # Before ray.init: a kill during the start (seconds) must not leave processes either.
     reaper = start_reaper()
     try:
-        ray.init(
-            include_dashboard=False,
-            runtime_env=python_path_runtime_env(),
-            configure_logging=False,
-            namespace=namespace,
-        )
+        with _on_loopback():
+            ray.init(
+                include_dashboard=False,
+                runtime_env=python_path_runtime_env(),
+                configure_logging=False,
+                namespace=namespace,
+                _temp_dir=str(temp_dir),
+            )
     except BaseException:
         if reaper is not None:
             reaper.fire()  # what a failed start left running goes too
@@ -150,12 +158,14 @@ def _shared_session(
             joined = time.monotonic()
             import ray
 
-            ray.init(
-                address=client.address,
-                runtime_env=client.runtime_env(python_path_runtime_env(), preload),
-                configure_logging=False,
-                namespace=namespace,
-            )
+            runtime_env = client.runtime_env(python_path_runtime_env(), preload)  # this task's environment alone
+            with _on_loopback():
+                ray.init(
+                    address=client.address,
+                    runtime_env=runtime_env,
+                    configure_logging=False,
+                    namespace=namespace,
+                )
             log.info(
                 "Connected to the shared local Ray at %s in %.2f s (%.2f s to find or start it)",
                 client.address,
@@ -168,6 +178,33 @@ def _shared_session(
             restore_auth(saved)
     finally:
         client.release()
+
+
+@contextmanager
+def _on_loopback() -> Iterator[None]:
+    """While a local Ray starts or is joined here: this host's node, and the address to reach it, stay 127.0.0.1.
+
+    Without this, Ray turns 127.0.0.1 into the host's outward address and a per-task Ray listens on every
+    interface; a shared head on 127.0.0.1 is not even reached (see :data:`.settings.LOOPBACK_ENV`). Ray read that
+    variable when it was imported, maybe before this task came: its flag is set here for this process, and the
+    variable for the processes a per-task Ray starts now (its workers inherit it from its raylet). Once started or
+    joined, Ray takes the node's address from the node itself, so both are restored after.
+    """
+    from ray._private import ray_constants
+
+    saved_env = {name: os.environ.get(name) for name in LOOPBACK_ENV}
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ.update(LOOPBACK_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager

@@ -434,3 +434,87 @@ def test_head_folder_is_per_user_ray_version_and_python(tmp_path):
     assert folder.parent == tmp_path / f"rbray-{os.getuid()}"
     assert folder.name.startswith("2.60.0-")
     assert head_dir(settings, "2.61.0") != folder
+
+
+def long_folder(parent: Path, length: int = 60) -> Path:
+    """An ordinary folder path of ``length`` characters under ``parent``: Ray's socket paths under it would be too
+    long (107 bytes at most) without the short link the provider gives Ray."""
+    folder = parent / "airflow-worker-local-ray"
+    return folder.with_name(folder.name + "x" * (length - len(str(folder))))
+
+
+def remove_links_to(folder: Path) -> None:
+    """Remove the short links the provider made to Ray temp dirs under ``folder`` (``settings.ray_temp_dir``)."""
+    for link in Path(f"/tmp/rbray-{os.getuid()}").glob("*"):
+        if link.is_symlink() and os.readlink(link).startswith(str(folder)):
+            link.unlink()
+
+
+def test_a_shared_ray_in_a_long_folder_starts_and_keeps_its_sessions_there(shared):
+    env, _ = shared
+    base = long_folder(Path(env["RAYBATCH_LOCAL_RAY_DIR"]))
+    assert len(str(base)) == 60
+    env = {**env, "RAYBATCH_LOCAL_RAY_DIR": str(base)}
+    root = head_dir(LocalRaySettings(base_dir=str(base)))
+    try:
+        task = Task(env, "long")
+        info = task.info()
+        task.finish()
+        assert info["worker"]["mark"] == "long"
+        # Ray's sessions (logs, spilled objects) are in the folder asked for, not elsewhere.
+        sessions = [p for p in (root / "r").iterdir() if p.name.startswith("session_2") and not p.is_symlink()]
+        assert len(sessions) == 1 and (sessions[0] / "logs").is_dir()
+    finally:
+        stop_shared_heads(base)
+        remove_links_to(base)
+    assert head_processes(root) == []
+
+
+PER_TASK_PROBE = """
+import os
+import ray
+from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+with ray_session():
+    session = ray._private.worker._global_node.get_session_dir_path()
+    print("RAN", ray.get(ray.remote(lambda: os.getpid()).remote()), os.path.realpath(session), flush=True)
+"""
+
+
+def test_a_per_task_ray_under_a_long_ray_tmpdir_starts_and_keeps_its_sessions_there():
+    folder = long_folder(Path(tempfile.mkdtemp(prefix="rbl", dir="/tmp")))
+    folder.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAYBATCH_LOCAL_RAY": "per-task", "RAY_TMPDIR": str(folder)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PER_TASK_PROBE], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        session = done.stdout.split("RAN ", 1)[1].split()[1]
+        assert session.startswith(f"{folder}/ray/session_")
+    finally:
+        remove_links_to(folder)
+        shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def test_a_folder_too_long_for_rays_sockets_gets_a_short_link_or_a_config_error_naming_the_setting(tmp_path):
+    # Imported here: without it, only this test fails, not the module.
+    from airflow_provider_raybatch.pipeline.shared_ray.settings import ray_temp_dir
+
+    links = Path(tempfile.mkdtemp(prefix="l", dir="/tmp"))  # as short as /tmp/rbray-<uid> with a long uid
+    try:
+        short = Path("/tmp/rbray-0/2.60.0-8655c2/r")  # the default folder: Ray gets it as it is
+        assert ray_temp_dir(short, "RAYBATCH_LOCAL_RAY_DIR", links) == short
+        folder = long_folder(tmp_path, 120)
+        link = ray_temp_dir(folder, "RAYBATCH_LOCAL_RAY_DIR", links)
+        assert link.parent == links / f"rbray-{os.getuid()}" and os.readlink(link) == str(folder)
+        assert ray_temp_dir(folder, "RAYBATCH_LOCAL_RAY_DIR", links) == link  # the same link, again
+
+        (links / "file").touch()  # where no link can be made
+        with pytest.raises(ConfigError) as raised:
+            ray_temp_dir(folder, "RAY_TMPDIR", links / "file")
+        message = str(raised.value)
+        assert message.startswith("RAY_TMPDIR is too long for Ray: its socket paths under ")
+        assert "up to 187 bytes, over the limit of 107 for a Unix socket path" in message
+        assert message.endswith("Shorten RAY_TMPDIR by at least 80 characters.")
+    finally:
+        shutil.rmtree(links)

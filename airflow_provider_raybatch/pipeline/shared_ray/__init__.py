@@ -16,7 +16,8 @@ environment (:func:`.settings.head_dir`)::
                       connected task or a warm worker uses it
     warm/<key>.json   the warm workers left for the next task with a runtime_env: how many, until when
     monitor.log, head.log
-    r/                Ray's temp dir (session_*)
+    r/                Ray's temp dir (session_*), given to Ray through a short link where its socket paths
+                      would be too long (:func:`.settings.ray_temp_dir`)
 
 The head is ``ray start --head --block`` run by a small stdlib-only **monitor**
 (:mod:`.monitor`, detached from the task). The monitor stops the head once no client lock has

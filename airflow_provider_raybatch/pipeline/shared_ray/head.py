@@ -37,7 +37,15 @@ from airflow_provider_raybatch.pipeline.shared_ray.processes import (
     kill_head,
     start_time,
 )
-from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings, head_dir, python_key, ray_version
+from airflow_provider_raybatch.pipeline.shared_ray.settings import (
+    LOOPBACK_ENV,
+    LocalRaySettings,
+    dir_setting,
+    head_dir,
+    python_key,
+    ray_temp_dir,
+    ray_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +96,8 @@ def join_shared_head(settings: LocalRaySettings) -> SharedRayClient:
 def _start_head(root: Path, settings: LocalRaySettings, version: str) -> dict[str, Any]:
     """Start the monitor (which starts the head) and wait for the head to be up. Under the lock."""
     log.info("Starting the shared local Ray in %s (stops after %g s idle)", root, settings.idle_timeout_s)
+    # Before anything starts: a folder too long for Ray's sockets is a setting to fix, not a start to retry.
+    ray_dir = ray_temp_dir(root / "r", dir_setting(settings))
     live_clients(root)  # drops locks left by killed tasks of an earlier head
     drop_unused(root, head_gone=True)  # and what it kept for warm workers
     token = root / "token"
@@ -103,6 +113,7 @@ def _start_head(root: Path, settings: LocalRaySettings, version: str) -> dict[st
             "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN_PATH": str(token),
             "RAY_USAGE_STATS_ENABLED": "0",
+            **LOOPBACK_ENV,  # every port of the head on 127.0.0.1, not on every interface
             # `ray` must import in the head even when the task found it through PYTHONPATH.
             "PYTHONPATH": _ray_site(),
         }
@@ -115,6 +126,7 @@ def _start_head(root: Path, settings: LocalRaySettings, version: str) -> dict[st
         "idle_timeout_s": settings.idle_timeout_s,
         "num_cpus": settings.num_cpus,
         "num_gpus": settings.num_gpus,
+        "ray_temp_dir": str(ray_dir),
     }
     provider_parent = str(Path(airflow_provider_raybatch.__file__).resolve().parent.parent)
     # The monitor forks itself off and its first process exits at once, printing the monitor's
@@ -150,7 +162,10 @@ def _start_head(root: Path, settings: LocalRaySettings, version: str) -> dict[st
         with contextlib.suppress(OSError):
             os.kill(monitor_pid, signal.SIGKILL)
         kill_head(root, None)
-    logs = tail(root / "head.log") or tail(root / "monitor.log")
+    # The last attempt's log holds the reason: the monitor's line quotes its last line, which is Ray's buffered
+    # output printed after the traceback.
+    head_log = tail(root / "head.log") or tail(root / f"head.{START_ATTEMPTS}.log")
+    logs = "\n".join(part for part in (tail(root / "monitor.log", 6), head_log) if part)
     raise RuntimeError(f"the shared local Ray did not start (logs in {root}):\n{logs}")
 
 

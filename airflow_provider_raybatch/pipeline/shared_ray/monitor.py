@@ -33,6 +33,8 @@ _READY_LINE = "Ray runtime started"
 
 def _start_ray(root: Path, params: Mapping[str, Any]) -> tuple[subprocess.Popen, int]:
     shutil.rmtree(root / "r", ignore_errors=True)  # sessions of stopped heads
+    # Ray may be given a short link to it (see settings.ray_temp_dir): the folder must exist for the link to lead there.
+    (root / "r").mkdir(mode=0o700, exist_ok=True)
     port = free_port()
     command = [
         sys.executable,
@@ -44,7 +46,7 @@ def _start_ray(root: Path, params: Mapping[str, Any]) -> tuple[subprocess.Popen,
         f"--port={port}",
         "--node-ip-address=127.0.0.1",
         "--include-dashboard=false",
-        f"--temp-dir={root}/r",
+        f"--temp-dir={params.get('ray_temp_dir') or root / 'r'}",
         "--disable-usage-stats",
         # Every port with a fixed default gets a free one: two heads (another Ray version, a
         # test cluster) must not collide, as `ray start --block` ends the head if one daemon fails.

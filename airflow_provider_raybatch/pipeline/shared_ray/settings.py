@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -9,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from airflow_provider_raybatch.pipeline.shared_ray.folder import private_dir
 
 MODE_ENV = "RAYBATCH_LOCAL_RAY"
 IDLE_TIMEOUT_ENV = "RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S"
@@ -20,6 +23,21 @@ SHARED, PER_TASK = "shared", "per-task"
 #: a DAG run, so retries and the next tasks find it warm; short enough that an idle laptop gets its
 #: memory (~0.5 GB for the head's daemons) back soon.
 DEFAULT_IDLE_TIMEOUT_S = 600.0
+#: Ray keeps a local node on loopback only where its multi-node support is off, as it is by default on macOS and
+#: Windows. Elsewhere it turns 127.0.0.1 (given as the node's address, or as an address to connect to) into the
+#: host's outward address, and its GCS, raylet, client server and agents listen on every interface. Ray reads this
+#: when it is imported; on Linux it changes nothing else (see
+#: :mod:`airflow_provider_raybatch.pipeline.ray_runtime`).
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+#: The longest path of an AF_UNIX socket, in bytes (Linux's 108 with the final NUL). Ray checks its sockets' paths
+#: against it as it starts, and fails.
+SOCKET_PATH_MAX = 107
+#: The most Ray appends to its temp dir for a socket: the session's folder (named after the date and the pid of the
+#: process that starts it, up to 7 digits on Linux), ``sockets/`` and the longest socket name, with a margin. Without
+#: its dashboard (the provider never starts it) Ray has two sockets there: ``raylet`` and ``plasma_store``.
+RAY_SOCKET_SUFFIX_MAX = len("/session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store") + 3
+#: Where the short links to Ray temp dirs on long paths go (in ``rbray-<uid>/``): short on every Linux host.
+LINK_PARENT = Path("/tmp")
 
 
 @dataclass(frozen=True)
@@ -94,10 +112,85 @@ def python_key() -> str:
 def head_dir(settings: LocalRaySettings, version: str | None = None) -> Path:
     """The shared Ray's folder: per user, per Ray version and Python environment.
 
-    Short on purpose: Ray's socket paths under it are limited to ~107 characters. Another Ray
-    version or environment gets another folder and head; a head nobody uses stops when idle.
+    Short on purpose: Ray's socket paths under it are limited to 107 bytes (where they would not fit,
+    Ray gets a short link to its ``r/``: :func:`ray_temp_dir`). Another Ray version or environment
+    gets another folder and head; a head nobody uses stops when idle.
     """
     base = settings.base_dir or os.environ.get("RAY_TMPDIR") or "/tmp"
     version = version or ray_version()
     digest = hashlib.sha256(python_key().encode()).hexdigest()[:6]
     return Path(base) / f"rbray-{os.getuid()}" / f"{version}-{digest}"
+
+
+def dir_setting(settings: LocalRaySettings) -> str:
+    """The environment variable that places the shared Ray's folder, to name when that folder does not suit.
+
+    :param settings: the task's local Ray settings.
+    """
+    if settings.base_dir or not os.environ.get("RAY_TMPDIR"):
+        return DIR_ENV
+    return "RAY_TMPDIR"
+
+
+def per_task_ray_dir() -> tuple[Path, str]:
+    """Where a per-task Ray keeps its sessions, as Ray chooses it (``$RAY_TMPDIR``, else ``$TMPDIR``, else ``/tmp``,
+    then ``ray``), and the environment variable that sets it."""
+    for name in ("RAY_TMPDIR", "TMPDIR"):
+        if os.environ.get(name):
+            return Path(os.environ[name]) / "ray", name
+    return Path("/tmp/ray"), "RAY_TMPDIR"
+
+
+def ray_temp_dir(folder: Path, setting: str, link_parent: Path = LINK_PARENT) -> Path:
+    """The temp dir to give Ray for ``folder``: ``folder`` itself where Ray's socket paths under it fit
+    (:data:`SOCKET_PATH_MAX`), otherwise a short link to it, ``<link_parent>/rbray-<uid>/<hash of folder>``.
+
+    Through the link Ray's sockets get short paths, while its sessions, logs and spilled objects stay in ``folder``,
+    where the user put them (a larger disk than ``/tmp``, say). Checked before Ray starts: a Ray that cannot bind its
+    sockets fails only after seconds, with the reason deep in its logs.
+
+    :param folder: where Ray is to keep its sessions.
+    :param setting: the environment variable ``folder`` comes from, named if it is too long.
+    :param link_parent: where the link's folder goes.
+    :return: the path to give Ray as its temp dir.
+    :raises ConfigError: ``folder`` is too long for Ray's sockets and no short link to it could be made.
+    """
+    folder = Path(os.path.abspath(folder))
+    if _longest_socket(folder) <= SOCKET_PATH_MAX:
+        return folder
+    link = link_parent / f"rbray-{os.getuid()}" / hashlib.sha256(str(folder).encode()).hexdigest()[:8]
+    try:
+        private_dir(link.parent)  # ours alone: nobody else can swap the link
+        folder.mkdir(parents=True, exist_ok=True)  # Ray's makedirs fails on a link that leads nowhere
+        _link(link, folder)
+    except (OSError, RuntimeError) as e:
+        raise _too_long(folder, setting, f"no short link to it could be made in {link.parent} ({e})") from e
+    if _longest_socket(link) > SOCKET_PATH_MAX:
+        raise _too_long(folder, setting, f"a link to it in {link.parent} would be too long as well")
+    return link
+
+
+def _longest_socket(temp_dir: Path) -> int:
+    return len(os.fsencode(temp_dir)) + RAY_SOCKET_SUFFIX_MAX
+
+
+def _link(link: Path, target: Path) -> None:
+    """Point ``link`` at ``target``; replaced atomically, as tasks starting together may make it at once."""
+    with contextlib.suppress(OSError):
+        if os.readlink(link) == str(target):
+            return
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def _too_long(folder: Path, setting: str, why: str) -> Exception:
+    from airflow_provider_raybatch.pipeline.errors import ConfigError
+
+    longest = _longest_socket(folder)
+    return ConfigError(
+        f"{setting} is too long for Ray: its socket paths under {folder} would be up to {longest} bytes, over the "
+        f"limit of {SOCKET_PATH_MAX} for a Unix socket path, and {why}. Shorten {setting} by at least "
+        f"{longest - SOCKET_PATH_MAX} characters."
+    )
