@@ -355,6 +355,19 @@ def test_a_filesystem_or_bucket_root_is_refused_as_output(tmp_path, s3_server):
         run_batch_inference(config(tmp_path, output_path="s3://raybatch-test/", storage_options=s3_server))
 
 
+def test_a_file_name_that_is_not_utf8_is_refused_by_its_escaped_name(tmp_path):
+    """Such a name is listed with surrogate escapes, which fail when encoded (range ids, the plan, logs)."""
+    write_input(tmp_path / "in", [100])
+    with open(os.path.join(os.fsencode(tmp_path / "in"), b"caf\xe9.parquet"), "wb") as f:
+        pq.write_table(features_table(10, 100), f)
+    with pytest.raises(InputError) as raised:
+        run_batch_inference(config(tmp_path))
+    message = str(raised.value)
+    assert f"'{tmp_path}/in/caf\\xe9.parquet'" in message and "rename" in message, message
+    message.encode("utf-8")  # the message itself can be logged
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_stage_returning_the_wrong_row_count_is_named(tmp_path):
     write_input(tmp_path / "in", [100])
     with pytest.raises(
