@@ -59,9 +59,13 @@ class RayPipelineOperator(BaseOperator):
 
     :param input_path: a Parquet file, folder or glob: local, ``s3://``, ``gs://``, ``abfs://`` / ``az://``
         or any fsspec URL (templated).
-    :param output_path: the output folder (templated); must not overlap the input.
-    :param columns: input columns to read (None: all) (templated).
-    :param keep_columns: input columns written to the output (None: every column read) (templated).
+    :param output_path: the output folder (templated); must not overlap the input (compared after
+        resolving ``..`` and symlinks, in both directions) and must not be an existing file.
+    :param columns: input columns to read (None: all) (templated: a rendered ``"None"`` or ``""`` is
+        None; a list renders as text unless the DAG sets ``render_template_as_native_obj=True``, and
+        text is refused).
+    :param keep_columns: input columns written to the output (None: every column read) (templated,
+        as ``columns``).
     :param id_column: a unique row key of the input, always written; None writes ``_row_id``
         derived from (file, row).
     :param rows_per_range: rows per checkpointed range (cut at row-group boundaries).
@@ -81,20 +85,23 @@ class RayPipelineOperator(BaseOperator):
         cluster never receives them: it uses the cluster's own credentials.
     :param deferrable: on a cluster, wait for the job in the triggerer instead of a worker slot.
     :param poll_interval: seconds between job status checks on a cluster.
-    :param max_rows: a smoke run: process only the input's first ``max_rows`` rows (templated).
+    :param max_rows: a smoke run: process only the input's first ``max_rows`` rows (templated: a
+        rendered ``"100"`` is 100, ``"None"`` or ``""`` is None).
         Recorded with the output, so a limited output is never resumed by a full run: give smoke
         runs their own output path.
     :param max_error_fraction: the largest share of rows reaching a model that may fail (and go to
         the rejects, as rows a predictor rejects with ``engine_error``) before the task fails; such
-        a failure is not retried, as a retry would count the same committed errors (templated).
+        a failure is not retried, as a retry would count the same committed errors (templated: a
+        rendered ``"0.05"`` is 0.05; None, ``"None"`` and ``""`` are refused, as None would be
+        ambiguous between the default and no limit).
     :param lease_timeout: seconds without a heartbeat after which another task may take over the
         output's writer lease from a silent writer (a frozen or lost worker). While a writer's
         lease is live, a second task on the same output fails at once (and retries) naming it.
     :param progress_timeout: seconds (or a ``timedelta``) in which the pipeline must commit a range
-        or deliver a batch (templated). Past it (a predictor hung on a batch) the try fails with a
-        retryable ``NoProgressError`` naming the stage that holds the unfinished batches and the
-        last commit, and Ray's processes of the try are stopped; the retry resumes after the
-        committed ranges. Default one hour; None: no limit. ``execution_timeout`` bounds the whole
+        or deliver a batch (templated: a rendered ``"90"`` is 90, ``"None"`` or ``""`` is None).
+        Past it (a predictor hung on a batch) the try fails with a retryable ``NoProgressError``
+        naming the stage that holds the unfinished batches and the last commit, and Ray's
+        processes of the try are stopped; the retry resumes after the committed ranges. Default one hour; None: no limit. ``execution_timeout`` bounds the whole
         try however much it commits, so it must allow for the whole run; this catches a stall
         after the same time whatever the run's size, and says where.
     :param asset: the output's Asset, declared as an outlet; its event's ``extra`` holds the summary.
@@ -188,24 +195,27 @@ class RayPipelineOperator(BaseOperator):
 
         ti = context["ti"]
         _check_paths(input_path=self.input_path, output_path=self.output_path)
-        return BatchInferenceConfig(
+        config = BatchInferenceConfig(
             input_path=self.input_path,
             output_path=self.output_path,
             stages=self.build_stages(context),
-            columns=self.columns,
-            keep_columns=self.keep_columns,
+            columns=_rendered_columns("columns", self.columns),
+            keep_columns=_rendered_columns("keep_columns", self.keep_columns),
             id_column=self.id_column,
             rows_per_range=self.rows_per_range,
             mode=self.mode,
             run_key=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}",
             storage_options=storage_options(self.aws_conn_id, self.gcp_conn_id, self.azure_conn_id),
-            max_rows=self.max_rows,
-            max_error_fraction=float(self.max_error_fraction),
+            max_rows=_rendered_number("max_rows", self.max_rows, int, "an integer >= 1 or None", optional=True),
+            max_error_fraction=_error_fraction(self.max_error_fraction),
             try_number=ti.try_number,
             lease_timeout=self.lease_timeout,
             progress_timeout=_seconds(self.progress_timeout),
             range_ids=None if self.partition is None else Partition.from_dict(self.partition).range_ids,
         )
+        # Rendered values are checked before any Ray work: a bad one fails the task without retries.
+        config.validate()
+        return config
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
         with _fail_without_retry():
@@ -369,18 +379,71 @@ def _fail_without_retry() -> Iterator[None]:
         raise AirflowFailException(str(e)) from e
 
 
-def _seconds(value: float | timedelta | str | None) -> float | str | None:
-    """A timeout given as seconds, a ``timedelta`` or a rendered template, in seconds (None stays None)."""
-    if value is None or value in ("", "None"):  # "None": a template that rendered None
+#: What a template renders for a value that is not set: a Param or variable that is None, or empty.
+_UNSET_TEXT = ("", "None")
+
+
+def _rendered_number(name: str, value: Any, kind: type[int] | type[float], expected: str, *, optional: bool) -> Any:
+    """A numeric argument as given, or the number a template rendered as text.
+
+    Templates render text unless the DAG sets ``render_template_as_native_obj=True``, so ``"100"``
+    and ``"0.05"`` are read as the numbers they spell. ``"None"`` and ``""`` mean None for an
+    ``optional`` argument (its "no limit"). Values that are not text are left to the config's checks
+    (which refuse ``True``, ``1.5`` rows, a negative number...).
+
+    :param name: the argument, named in errors.
+    :param value: its (rendered) value.
+    :param kind: ``int`` or ``float``: what the text must spell.
+    :param expected: what the argument takes, for the error (the config's check words it the same).
+    :param optional: whether None is one of its values.
+    :raises ConfigError: text that does not spell a ``kind``, naming the argument and the text.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if optional and text in _UNSET_TEXT:
         return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise ConfigError(f"{name} must be {expected}, got {value!r}") from None
+
+
+def _error_fraction(value: Any) -> Any:
+    """``max_error_fraction`` as given or rendered; unset (None, ``"None"``, ``""``) is refused.
+
+    None would be ambiguous for a quality bar: the operator's default, or no bar at all? The two
+    differ a hundredfold in the errors they let through, so the DAG must say which.
+    """
+    expected = "a number between 0 and 1"
+    if value is None or (isinstance(value, str) and value.strip() in _UNSET_TEXT):
+        raise ConfigError(
+            f"max_error_fraction must be {expected}, got {value!r}: it has no unset value (a Param that is None "
+            "renders as 'None'); give a number, such as the default 0.01, or 1 to tolerate any share of errors"
+        )
+    return _rendered_number("max_error_fraction", value, float, expected, optional=False)
+
+
+def _rendered_columns(name: str, value: Any) -> Any:
+    """``columns`` / ``keep_columns`` as given; a rendered ``"None"`` or ``""`` is None (every column).
+
+    :raises ConfigError: other text (a template renders a list as its text), naming the argument.
+    """
+    if not isinstance(value, str):
+        return value
+    if value.strip() in _UNSET_TEXT:
+        return None
+    raise ConfigError(
+        f"{name} must be a list of column names or None, got the text {value!r}: to render a list from a "
+        "template, set render_template_as_native_obj=True on the DAG"
+    )
+
+
+def _seconds(value: float | timedelta | str | None) -> Any:
+    """``progress_timeout`` given as seconds, a ``timedelta`` or rendered text, in seconds (None: no limit)."""
     if isinstance(value, timedelta):
         return value.total_seconds()
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value  # the config's check names the setting and the value
-    return value
+    return _rendered_number("progress_timeout", value, float, "a number of seconds > 0 or None", optional=True)
 
 
 def _check_paths(**paths: object) -> None:

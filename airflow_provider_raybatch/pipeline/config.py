@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
@@ -192,25 +193,26 @@ class BatchInferenceConfig:
             raise ConfigError("no stage given: set predictor or stages")
         for stage in self.stages:
             stage.validate()
-        if self.rows_per_range < 1:
-            raise ConfigError(f"rows_per_range must be >= 1, got {self.rows_per_range}")
+        if not is_int(self.rows_per_range) or self.rows_per_range < 1:
+            raise ConfigError(f"rows_per_range must be an integer >= 1, got {self.rows_per_range!r}")
         if self.max_rows is not None and (not is_int(self.max_rows) or self.max_rows < 1):
             raise ConfigError(f"max_rows must be an integer >= 1 or None, got {self.max_rows!r}")
         if self.range_ids is not None and (isinstance(self.range_ids, str) or not self.range_ids):
             raise ConfigError(f"range_ids must be a non-empty list of range ids or None, got {self.range_ids!r}")
-        if not is_number(self.lease_timeout) or self.lease_timeout <= 0:
+        if not _is_seconds(self.lease_timeout):
             raise ConfigError(f"lease_timeout must be a number of seconds > 0, got {self.lease_timeout!r}")
-        if self.progress_timeout is not None and (not is_number(self.progress_timeout) or self.progress_timeout <= 0):
+        if self.progress_timeout is not None and not _is_seconds(self.progress_timeout):
             raise ConfigError(
                 f"progress_timeout must be a number of seconds > 0 or None, got {self.progress_timeout!r}"
             )
-        if not 0 <= self.max_error_fraction <= 1:
-            raise ConfigError(f"max_error_fraction must be between 0 and 1, got {self.max_error_fraction!r}")
+        # Also refuses NaN, which every comparison would let through.
+        if not is_number(self.max_error_fraction) or not 0 <= self.max_error_fraction <= 1:
+            raise ConfigError(f"max_error_fraction must be a number between 0 and 1, got {self.max_error_fraction!r}")
         if self.mode not in MODES:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         for name in ("columns", "keep_columns"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, str) or len(set(value)) != len(value)):
+            if value is not None and not _is_column_list(value):
                 raise ConfigError(f"{name} must be a list of distinct column names, got {value!r}")
         if self.columns is not None and self.keep_columns is not None:
             missing = [c for c in self.keep_columns if c not in self.columns]
@@ -240,6 +242,18 @@ class BatchInferenceConfig:
             # Absent (None) in outputs planned before max_rows existed: they compare equal.
             "max_rows": self.max_rows,
         }
+
+
+def _is_seconds(value: Any) -> bool:
+    """A finite number > 0: infinity is no limit, which None says; NaN compares false with everything."""
+    return is_number(value) and math.isfinite(value) and value > 0
+
+
+def _is_column_list(value: Any) -> bool:
+    """A list (or tuple) of distinct, non-empty column names: a string is not one (it is a name's letters)."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(name, str) and name for name in value):
+        return False
+    return len(set(value)) == len(value)
 
 
 def import_path(obj: Any, where: str) -> str:

@@ -75,6 +75,7 @@ def list_input_files(fs: AbstractFileSystem, fs_path: str, display_path: str) ->
         if not paths:
             raise InputError(f"input path {display_path!r} matches no file")
     elif fs.isfile(fs_path):
+        _refuse_undecodable_names([fs_path], display_path)
         return posixpath.dirname(fs_path), [fs_path]
     elif fs.isdir(fs_path):
         root = fs_path
@@ -84,6 +85,7 @@ def list_input_files(fs: AbstractFileSystem, fs_path: str, display_path: str) ->
     paths = sorted(p for p in paths if not is_hidden(posixpath.relpath(p, root)))
     if not paths:
         raise InputError(f"input path {display_path!r} holds no data file (files starting with '_' or '.' are skipped)")
+    _refuse_undecodable_names(paths, display_path)
     return root, paths
 
 
@@ -142,6 +144,46 @@ def _null_count(metadata: pq.FileMetaData, column: str | None) -> int | None:
             return None
         nulls += stats.null_count
     return nulls
+
+
+def _refuse_undecodable_names(paths: list[str], display_path: str) -> None:
+    """Refuse files whose names are not valid UTF-8, naming them with their odd bytes escaped.
+
+    On Linux such a name is listed with surrogate escapes (``b"caf\\xe9"`` as ``'caf\\udce9'``), which
+    fail when encoded: in the range ids, the plan's JSON, logs. Refused at listing, before anything
+    is written, rather than failing later on every retry with an error that names no file.
+    """
+    bad = [path for path in paths if not _is_utf8(path)]
+    if not bad:
+        return
+    shown = ", ".join(f"'{_escaped(path)}'" for path in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    raise InputError(
+        f"input path {display_path!r} holds {len(bad)} file(s) whose name is not valid UTF-8 "
+        f"(shown with the bytes that are not UTF-8 as \\xNN): {shown}. The output's plan records file names "
+        "as text: rename these files to UTF-8 names, or move them out of the input."
+    )
+
+
+def _is_utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _escaped(name: str) -> str:
+    """``name`` with each undecodable byte (a surrogate escape) written ``\\xNN``, other surrogates ``\\uNNNN``."""
+    return "".join(_escaped_char(c) for c in name)
+
+
+def _escaped_char(c: str) -> str:
+    code = ord(c)
+    if 0xDC80 <= code <= 0xDCFF:  # how os.fsdecode (surrogateescape) spells the byte code - 0xDC00
+        return f"\\x{code - 0xDC00:02x}"
+    if 0xD800 <= code <= 0xDFFF:
+        return f"\\u{code:04x}"
+    return c
 
 
 #: Reads the footers of ``paths`` (under the input root ``root``): ``(fs, root, paths, id_column)`` ->

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_raybatch.credentials import storage_options
@@ -201,6 +201,51 @@ def test_max_error_fraction_bounds_the_rows_a_predictor_rejects(tmp_path, capfd)
         capfd.readouterr()
     )
     assert sorted(pq.read_table(str(tmp_path / "strict" / "_rejects"))["id"].to_pylist()) == [11, 151, 152, 291]
+
+
+def test_params_rendered_as_text_are_read_as_their_values_and_a_null_fraction_fails_without_retry(tmp_path, capfd):
+    """As a run triggered from the UI renders them: each Param into a templated field, as text."""
+    write_input(tmp_path / "in", [300])
+    params = {
+        "limit": Param(100, type=["null", "integer"]),
+        "tolerance": Param(0.05, type=["null", "number"]),
+        "timeout": Param(None, type=["null", "number"]),
+        "columns": Param(None, type=["null", "array"]),
+        "max_error_fraction": Param(None, type=["null", "number"]),
+    }
+    common = {
+        "predictor": "tests.predictors:score",
+        "input_path": str(tmp_path / "in"),
+        "id_column": "id",
+        "rows_per_range": 100,
+        # A retry would come at once: a retried task would end with try_number > 1.
+        "retries": 2,
+        "retry_delay": timedelta(0),
+    }
+    with DAG("rendered_params", schedule=None, start_date=LOGICAL_DATE, params=params) as dag:
+        RayBatchInferenceOperator(
+            task_id="rendered",
+            output_path=str(tmp_path / "rendered"),
+            max_rows="{{ params.limit }}",  # "100"
+            max_error_fraction="{{ params.tolerance }}",  # "0.05"
+            progress_timeout="{{ params.timeout }}",  # "None": no limit
+            columns="{{ params.columns }}",  # "None": every column
+            **common,
+        )
+        RayBatchInferenceOperator(
+            task_id="null_fraction",
+            output_path=str(tmp_path / "null_fraction"),
+            max_error_fraction="{{ params.max_error_fraction }}",  # "None"
+            **common,
+        )
+    run = run_dag(dag, LOGICAL_DATE)
+    rendered, null_fraction = run.get_task_instance("rendered"), run.get_task_instance("null_fraction")
+    assert (null_fraction.state, null_fraction.try_number) == ("failed", 1)  # not retried
+    logs = "".join(capfd.readouterr())
+    assert "AirflowFailException: max_error_fraction must be a number between 0 and 1, got 'None'" in logs
+    assert not (tmp_path / "null_fraction").exists()  # refused before anything was written
+    assert rendered.state == "success", rendered.state
+    assert rendered.xcom_pull(task_ids="rendered")["rows_out"] == 100
 
 
 def test_progress_timeout_reaches_the_config_in_seconds_and_none_disables_it(tmp_path):

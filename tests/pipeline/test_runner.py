@@ -355,6 +355,91 @@ def test_a_filesystem_or_bucket_root_is_refused_as_output(tmp_path, s3_server):
         run_batch_inference(config(tmp_path, output_path="s3://raybatch-test/", storage_options=s3_server))
 
 
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_an_output_overlapping_the_input_through_dots_or_a_symlink_is_refused(tmp_path):
+    """Paths are compared resolved, in both directions: compared as written, the output was written
+    into the input, and the next run over that input read it back as input."""
+    write_input(tmp_path / "data" / "in", [100])
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "in_link").symlink_to(tmp_path / "data" / "in")
+    (tmp_path / "data_link").symlink_to(tmp_path / "data")
+    before = files_under(tmp_path / "data")
+    cases = [
+        # The output inside the input.
+        ("data/in", "elsewhere/../data/in/out"),
+        ("data/in", "in_link/out"),
+        ("in_link/*.parquet", "data/in/out"),
+        # The input inside the output.
+        ("data/in", "elsewhere/../data"),
+        ("data_link/in", "data"),
+    ]
+    for input_path, output_path in cases:
+        cfg = config(tmp_path, input_path=f"{tmp_path}/{input_path}", output_path=f"{tmp_path}/{output_path}")
+        with pytest.raises(ConfigError, match=re.escape(f"output path '{tmp_path}/{output_path}' overlaps input path")):
+            run_batch_inference(cfg)
+    assert files_under(tmp_path / "data") == before and files_under(tmp_path / "elsewhere") == []
+
+
+def test_an_s3_output_overlapping_the_input_through_dots_is_refused(tmp_path, s3_server):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3_server)
+    with fs.open("raybatch-test/dots/in/data.parquet", "wb") as f:
+        pq.write_table(features_table(10), f)
+    for output_path in ("s3://raybatch-test/dots/other/../in/out", "s3://raybatch-test/dots/./in/out"):
+        cfg = config(
+            tmp_path, input_path="s3://raybatch-test/dots/in", output_path=output_path, storage_options=s3_server
+        )
+        with pytest.raises(ConfigError, match=re.escape(f"output path '{output_path}' overlaps input path")):
+            run_batch_inference(cfg)
+    fs.invalidate_cache()
+    assert fs.find("raybatch-test/dots") == ["raybatch-test/dots/in/data.parquet"]
+
+
+def test_an_output_path_that_is_a_file_is_refused(tmp_path, s3_server):
+    """Writing the output's bookkeeping would fail, and every retry the same way."""
+    import s3fs
+
+    write_input(tmp_path / "in", [100])
+    (tmp_path / "results.parquet").write_bytes(b"someone's file")
+    with pytest.raises(ConfigError, match=re.escape(f"output path '{tmp_path}/results.parquet' is an existing file")):
+        run_batch_inference(config(tmp_path, output_path=str(tmp_path / "results.parquet")))
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(f"output path '{tmp_path}/results.parquet/out' lies under '{tmp_path}/results.parquet'"),
+    ):
+        run_batch_inference(config(tmp_path, output_path=str(tmp_path / "results.parquet" / "out")))
+    assert (tmp_path / "results.parquet").read_bytes() == b"someone's file"
+
+    fs = s3fs.S3FileSystem(**s3_server)
+    fs.pipe("raybatch-test/results.parquet", b"someone's object")
+    with pytest.raises(
+        ConfigError, match=re.escape("output path 's3://raybatch-test/results.parquet' is an existing file")
+    ):
+        run_batch_inference(
+            config(tmp_path, output_path="s3://raybatch-test/results.parquet", storage_options=s3_server)
+        )
+    fs.invalidate_cache()
+    assert fs.cat("raybatch-test/results.parquet") == b"someone's object"
+    assert [p for p in fs.find("raybatch-test") if p.startswith("raybatch-test/results.parquet/")] == []
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_by_its_escaped_name(tmp_path):
+    """Such a name is listed with surrogate escapes, which fail when encoded (range ids, the plan, logs)."""
+    write_input(tmp_path / "in", [100])
+    with open(os.path.join(os.fsencode(tmp_path / "in"), b"caf\xe9.parquet"), "wb") as f:
+        pq.write_table(features_table(10, 100), f)
+    with pytest.raises(InputError) as raised:
+        run_batch_inference(config(tmp_path))
+    message = str(raised.value)
+    assert f"'{tmp_path}/in/caf\\xe9.parquet'" in message and "rename" in message, message
+    message.encode("utf-8")  # the message itself can be logged
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_stage_returning_the_wrong_row_count_is_named(tmp_path):
     write_input(tmp_path / "in", [100])
     with pytest.raises(
