@@ -75,6 +75,15 @@ def test_output_holds_kept_columns_and_predictions_once(tmp_path):
     assert ray.data.read_parquet(str(tmp_path / "out")).count() == 380
 
 
+def test_a_finished_run_leaves_no_temporary_files(tmp_path):
+    """The write steps' receipts (one per block) go once their ranges are recorded (issue 25, case 10)."""
+    write_input(tmp_path / "in", [250, 130])
+    run_batch_inference(config(tmp_path, rows_per_range=20))
+    tmp = tmp_path / "out" / "_raybatch" / "tmp"
+    assert not tmp.exists() or not any(tmp.rglob("*")), sorted(tmp.rglob("*"))[:5]
+    assert_output_sound(tmp_path / "out", range(380))
+
+
 def test_rerun_of_a_finished_output_is_a_fast_no_op(tmp_path):
     write_input(tmp_path / "in", [300])
     first = run_batch_inference(config(tmp_path))

@@ -9,6 +9,7 @@ output passes the verifier, holds every input row exactly once and matches the t
 from __future__ import annotations
 
 import io
+import time
 import uuid
 
 import pyarrow.parquet as pq
@@ -193,9 +194,9 @@ def test_a_throttling_burst_during_planning_is_waited_out(s3_server, proxy, monk
     monkeypatch.setenv(STORE_RETRY_ENV, "60")
     prefix = f"throttle-{uuid.uuid4().hex[:8]}"
     write_input(s3_server, prefix, [100, 100])
-    rule = proxy.add("throttle", method="GET", path=r"/in/part-0\.parquet$", times=12)
+    rule = proxy.add("throttle", method="GET", path=r"/in/part-0\.parquet$", times=30)
     summary = run_batch_inference(task_config(s3_server, proxy, prefix))
-    assert rule.applied == 12
+    assert rule.applied == 30
     assert_sound(s3_server, prefix, summary)
 
 
@@ -232,3 +233,44 @@ def test_a_file_that_stays_unreadable_is_still_an_input_error(s3_server, proxy):
     fs.pipe_file(f"{BUCKET}/{prefix}/in/part-0.parquet", b"not parquet at all")
     with pytest.raises(NotRetryableError, match="part-0.parquet"):
         read_file_info(fs, f"{BUCKET}/{prefix}/in/part-0.parquet", f"{BUCKET}/{prefix}/in")
+
+
+def test_a_whole_output_writer_and_a_partition_writer_starting_together_never_both_write(s3_server, proxy):
+    """Case 4: a whole-output writer (an overwrite, say) whose lease create is slow (one PUT long on
+    S3), and a partition's task that starts inside that window. The whole-output writer used to
+    list the partitions' leases before creating its own, so both passed their checks and wrote
+    into one output. Now each looks for the other only once its own lease exists: one is refused."""
+    import dataclasses
+    import threading
+
+    from airflow_provider_raybatch.pipeline.lease import OutputBusyError
+    from airflow_provider_raybatch.pipeline.partitions import plan_partitions
+    from airflow_provider_raybatch.pipeline.prepare import prepare
+
+    prefix = f"handover-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [100, 100])
+    whole = task_config(s3_server, proxy, prefix)
+    first, _ = plan_partitions(whole, 2)
+    partition = dataclasses.replace(whole, range_ids=first.range_ids, run_key=f"dag/{prefix}/task/0")
+    slow = proxy.add("delay", method="PUT", path=r"/_raybatch/lease/0+\d+\.json$", delay_s=4, times=1)
+    outcome: dict[str, object] = {}
+
+    def whole_writer() -> None:
+        try:
+            outcome["whole"] = prepare(whole)
+        except OutputBusyError as e:
+            outcome["whole"] = e
+
+    thread = threading.Thread(target=whole_writer)
+    thread.start()
+    while not slow.applied:  # the whole-output writer's lease create is on its way
+        time.sleep(0.05)
+    try:
+        outcome["partition"] = prepare(partition)
+    except OutputBusyError as e:
+        outcome["partition"] = e
+    thread.join()
+    writers = [run for run in outcome.values() if not isinstance(run, Exception)]
+    for run in writers:
+        run.release()
+    assert len(writers) == 1, outcome
