@@ -21,7 +21,6 @@ but the write steps' receipts are there: the driver commits the ranges they comp
 from __future__ import annotations
 
 import logging
-import os
 import posixpath
 import threading
 import time
@@ -34,10 +33,11 @@ import pyarrow.parquet as pq
 
 from airflow_provider_raybatch.pipeline.block_writer import OUTPUT, RECEIPT_SUFFIX, REJECTS, key_problem
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
-from airflow_provider_raybatch.pipeline.errors import ConfigError, OutputSchemaError, RayBatchError, RowKeyError
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, RayBatchError, RowKeyError
 from airflow_provider_raybatch.pipeline.faults import crash_point
 from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.planner import Plan, RowRange
+from airflow_provider_raybatch.pipeline.retries import seconds_from_env
 from airflow_provider_raybatch.pipeline.schemas import promotion_needed, schema_mismatch
 from airflow_provider_raybatch.pipeline.summary import Progress
 
@@ -55,14 +55,7 @@ MAX_RECORDS_PER_BATCH = 1000
 
 def record_interval() -> float:
     """:data:`DEFAULT_RECORD_INTERVAL_S`, or the value of :data:`RECORD_INTERVAL_ENV`."""
-    value = os.environ.get(RECORD_INTERVAL_ENV, "").strip()
-    try:
-        seconds = float(value) if value else DEFAULT_RECORD_INTERVAL_S
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        raise ConfigError(f"{RECORD_INTERVAL_ENV} must be a number of seconds >= 0, got {value!r}")
-    return seconds
+    return seconds_from_env(RECORD_INTERVAL_ENV, DEFAULT_RECORD_INTERVAL_S)
 
 
 @dataclass

@@ -125,13 +125,21 @@ def _is_transient_one(error: BaseException) -> bool:
 
 def store_retry_seconds() -> float:
     """:data:`DEFAULT_STORE_RETRY_S`, or the value of :data:`STORE_RETRY_ENV`."""
-    value = os.environ.get(STORE_RETRY_ENV, "").strip()
+    return seconds_from_env(STORE_RETRY_ENV, DEFAULT_STORE_RETRY_S)
+
+
+def seconds_from_env(name: str, default: float) -> float:
+    """The environment variable ``name`` as a number of seconds >= 0 (``default`` when unset).
+
+    :raises ConfigError: a value that is not such a number, naming the variable.
+    """
+    value = os.environ.get(name, "").strip()
     try:
-        seconds = float(value) if value else DEFAULT_STORE_RETRY_S
+        seconds = float(value) if value else default
     except ValueError:
         seconds = -1.0
     if not seconds >= 0:
-        raise ConfigError(f"{STORE_RETRY_ENV} must be a number of seconds >= 0, got {value!r}")
+        raise ConfigError(f"{name} must be a number of seconds >= 0, got {value!r}")
     return seconds
 
 
