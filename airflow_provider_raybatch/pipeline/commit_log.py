@@ -42,7 +42,7 @@ from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
 from airflow_provider_raybatch.pipeline.lease import LeaseLostError
-from airflow_provider_raybatch.pipeline.storage import exists, ls, read_json, write_json
+from airflow_provider_raybatch.pipeline.storage import absent, exists, ls, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -130,37 +130,55 @@ class CommitLog:
 
         Layout 2: one new segment holding them all (then this writer's segments are merged where a
         level is full); layout 1: one file per range. If they cannot be written, their files are
-        unpublished again (best effort) and the error names the ranges.
+        unpublished again when the write is known not to have happened (best effort), and the error
+        names the ranges.
         """
         if not records:
             return
         self.fence()
-        try:
-            if self.version == PER_RANGE_RECORDS:
-                for record in records:
-                    write_json(self.fs, f"{self.commits_dir}/{record['range_id']}.json", record)
-            else:
-                now = round(time.time(), 3)
-                self._write_segment(0, [{**r, "committed_at": now} for r in records])
-        except Exception as e:
-            # The write may have been applied all the same (write_json read it back and could not
-            # tell): the ranges' files stay where they are. The next try finds each range either
-            # recorded, with its files, or not, and then removes the files and redoes it.
-            ids = [r["range_id"] for r in records]
-            what = (
-                f"range {ids[0]}" if len(ids) == 1 else f"ranges {', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}"
-            )
-            raise RayBatchError(
-                f"cannot commit {what} of output {self.display_path!r}: {type(e).__name__}: {e}. "
-                "The ranges committed before are kept; these are committed or redone on a retry"
-            ) from e
+        if self.version == PER_RANGE_RECORDS:
+            writes = [(f"{self.commits_dir}/{r['range_id']}.json", r, [r]) for r in records]
+        else:
+            now = round(time.time(), 3)
+            writes = [(self._segment_path(0), _encode([{**r, "committed_at": now} for r in records]), records)]
+        for done, (path, payload, _) in enumerate(writes):
+            try:
+                write_json(self.fs, path, payload, compact=self.version != PER_RANGE_RECORDS)
+            except Exception as e:
+                failed = [r for _, _, records_of in writes[done:] for r in records_of]
+                if absent(self.fs, path):
+                    # Known not written: unpublish the ranges' files, so that readers never see them.
+                    # Otherwise the write may have been applied all the same (a store can apply a PUT
+                    # and answer 500): the files stay, and the next try finds each range either
+                    # recorded with its files or not recorded, and then removes them and redoes it.
+                    self._unpublish(failed)
+                ids = [r["range_id"] for r in failed]
+                what = (
+                    f"range {ids[0]}"
+                    if len(ids) == 1
+                    else f"ranges {', '.join(ids[:3])}{' ...' if len(ids) > 3 else ''}"
+                )
+                raise RayBatchError(
+                    f"cannot commit {what} of output {self.display_path!r}: {type(e).__name__}: {e}. "
+                    "The ranges committed before are kept; these are committed or redone on a retry"
+                ) from e
+            if self.version != PER_RANGE_RECORDS:
+                self._levels.setdefault(0, []).append(path)
         self._merge(SEGMENT_FANOUT)
 
-    def _write_segment(self, level: int, records: list[dict[str, Any]]) -> None:
+    def _segment_path(self, level: int) -> str:
         self._seq += 1
-        path = f"{self.segments_dir}/{self.scope}.{self.writer_id}.{level}.{self._seq:08d}.json"
+        return f"{self.segments_dir}/{self.scope}.{self.writer_id}.{level}.{self._seq:08d}.json"
+
+    def _write_segment(self, level: int, records: list[dict[str, Any]]) -> None:
+        path = self._segment_path(level)
         write_json(self.fs, path, _encode(records), compact=True)
         self._levels.setdefault(level, []).append(path)
+
+    def _unpublish(self, records: list[dict[str, Any]]) -> None:
+        for name in (name for record in records for name in record["files"]):
+            with contextlib.suppress(OSError):
+                self.fs.rm(f"{self.root}/{name}")
 
     def _merge(self, fanout: int) -> None:
         """Merge this writer's segments: each level holding ``fanout`` of them into one of the next.

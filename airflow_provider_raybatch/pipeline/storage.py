@@ -209,6 +209,22 @@ def holds(fs: AbstractFileSystem, path: str, data: bytes, *, retry_s: float | No
         return False
 
 
+def absent(fs: AbstractFileSystem, path: str) -> bool:
+    """Whether ``path`` is known not to exist: a read of it says so (False when it exists or cannot be read).
+
+    After a failed write this resolves its outcome as "not applied": only then may the caller undo
+    what the write was to follow (a store that answers "not found" now has not applied it; should a
+    delayed PUT land later all the same, readers check a record against its files).
+    """
+    try:
+        retry_transient(lambda: fs.cat_file(path, start=0, end=1), f"looking up {path}")
+    except FileNotFoundError:
+        return True
+    except Exception:  # noqa: BLE001 - unknown: not resolved
+        return False
+    return False
+
+
 def exists(fs: AbstractFileSystem, path: str) -> bool:
     """``fs.exists`` with transient errors retried (a listing's cache is bypassed)."""
     fs.invalidate_cache(posixpath.dirname(path))

@@ -31,7 +31,7 @@ from tests.fault_proxy import FaultProxy, Rule
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 BUCKET = "raybatch-test"
-ROWS = 200
+ROWS = 100
 
 #: Every object the commit protocol writes, by the path of its requests (S3 REST, through s3fs).
 WRITES = {
@@ -61,12 +61,12 @@ def proxy(s3_server):
 
 
 def store_options(s3_server, proxy: FaultProxy) -> dict:
-    """s3fs options that reach the server through ``proxy``; botocore retries twice (its default is five
-    times with backoff), so that a fault that outlasts the client's retries does so in seconds."""
+    """s3fs options that reach the server through ``proxy``; botocore does not retry (its default is five
+    attempts with backoff; s3fs still retries a few times), so that faults reach our own retries in seconds."""
     return {
         **s3_server,
         "client_kwargs": {**s3_server["client_kwargs"], "endpoint_url": proxy.url},
-        "config_kwargs": {"retries": {"max_attempts": 2, "mode": "standard"}},
+        "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}},
         "skip_instance_cache": True,
     }
 
@@ -143,7 +143,7 @@ def test_every_write_of_the_protocol_with_an_unknown_outcome_ends_exactly_once(s
     request of that kind during the first try: the task ends, within its retries, in an output
     with every row once and a summary that counts exactly what is there."""
     prefix = f"classes-{uuid.uuid4().hex[:8]}"
-    write_input(s3_server, prefix, [100, 100])
+    write_input(s3_server, prefix, [50, 50])
     method, path = WRITES[write]
     rule = proxy.add(kind, method=method, path=path, times=None)
     run_task(s3_server, proxy, prefix)
@@ -156,10 +156,14 @@ def test_deletes_of_a_resume_with_an_unknown_outcome_end_exactly_once(s3_server,
     published files before redoing them; those deletes are applied but answered with an error
     (or their replies lost). The task still ends with every row once."""
     prefix = f"deletes-{uuid.uuid4().hex[:8]}"
-    write_input(s3_server, prefix, [100, 100])
-    refuse = Rule("error", method="PUT", path=r"/_raybatch/segments/", times=None, after=2)
+    write_input(s3_server, prefix, [50, 50])
+    # Refused, and the try cannot read back whether: it leaves the ranges' files for the next try.
+    refuse = [
+        Rule("error", method="PUT", path=r"/_raybatch/segments/", times=None, after=1),
+        Rule("error", method="GET", path=r"/_raybatch/segments/", times=None),
+    ]
     deletes = Rule(kind, method="POST", path=r"\?delete", times=None)
-    outcomes = run_task(s3_server, proxy, prefix, phases=([refuse], [deletes]))
+    outcomes = run_task(s3_server, proxy, prefix, phases=(refuse, [deletes]))
     assert isinstance(outcomes[0], Exception), outcomes[0]
     assert deletes.applied > 0
 
@@ -169,19 +173,33 @@ def test_a_segment_applied_but_answered_500_is_not_lost_nor_counted_twice(s3_ser
     too, so the try cannot tell: it fails without deleting the ranges' files, and the retry finds
     them committed (it used to delete them, then skip their ranges and report rows that were gone)."""
     prefix = f"segment-{uuid.uuid4().hex[:8]}"
-    write_input(s3_server, prefix, [100, 100])
-    put = proxy.add("error_after", method="PUT", path=r"/_raybatch/segments/", times=None, after=2)
+    write_input(s3_server, prefix, [50, 50])
+    put = proxy.add("error_after", method="PUT", path=r"/_raybatch/segments/", times=None, after=1)
     proxy.add("error", method="GET", path=r"/_raybatch/segments/", times=None)
     outcomes = run_task(s3_server, proxy, prefix)
     assert put.applied > 0
     assert isinstance(outcomes[0], Exception) and "cannot commit" in str(outcomes[0]), outcomes[0]
 
 
+def test_a_segment_known_not_written_unpublishes_its_ranges_at_once(s3_server, proxy):
+    """A segment the store refuses (and reading it back says it is not there): the outcome is known,
+    so the try removes the range's published files before failing; readers never see them."""
+    prefix = f"refused-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [50, 50])
+    proxy.add("error", method="PUT", path=r"/_raybatch/segments/", times=None, after=1)
+    with pytest.raises(Exception, match="cannot commit range"):
+        run_batch_inference(task_config(s3_server, proxy, prefix))
+    proxy.clear()
+    faults = verify_output(f"s3://{BUCKET}/{prefix}/out", s3_server)
+    assert len(faults) == 1 and faults[0].startswith("1 planned range(s) not committed"), faults
+    run_task(s3_server, proxy, prefix)
+
+
 def test_a_lease_created_whose_reply_was_lost_is_the_writers_own(s3_server, proxy):
     """Case 2: the lease's create is applied, its reply dropped; the client retries and the store
     answers 412. The writer reads the lease back, recognises its own generation, and goes on."""
     prefix = f"lease-{uuid.uuid4().hex[:8]}"
-    write_input(s3_server, prefix, [100, 100])
+    write_input(s3_server, prefix, [50, 50])
     rule = proxy.add("drop_after", method="PUT", path=r"/_raybatch/lease/0+1\.json$", times=1)
     summary = run_batch_inference(task_config(s3_server, proxy, prefix))
     assert rule.applied == 1
@@ -193,7 +211,7 @@ def test_a_throttling_burst_during_planning_is_waited_out(s3_server, proxy, monk
     planner waits it out within the try's retry budget, and the task succeeds."""
     monkeypatch.setenv(STORE_RETRY_ENV, "60")
     prefix = f"throttle-{uuid.uuid4().hex[:8]}"
-    write_input(s3_server, prefix, [100, 100])
+    write_input(s3_server, prefix, [50, 50])
     rule = proxy.add("throttle", method="GET", path=r"/in/part-0\.parquet$", times=30)
     summary = run_batch_inference(task_config(s3_server, proxy, prefix))
     assert rule.applied == 30
@@ -204,7 +222,7 @@ def test_throttling_past_the_retry_budget_fails_the_try_retryably(s3_server, pro
     """Case 3: throttling that lasts past the budget fails the try with a retryable error naming
     the file, not a non-retryable input error; once it ends, the next try succeeds."""
     prefix = f"throttled-{uuid.uuid4().hex[:8]}"
-    write_input(s3_server, prefix, [100, 100])
+    write_input(s3_server, prefix, [50, 50])
     proxy.add("throttle", method="GET", path=r"/in/part-1\.parquet$", times=None)
     outcomes = run_task(s3_server, proxy, prefix)
     first = outcomes[0]
@@ -248,7 +266,7 @@ def test_a_whole_output_writer_and_a_partition_writer_starting_together_never_bo
     from airflow_provider_raybatch.pipeline.prepare import prepare
 
     prefix = f"handover-{uuid.uuid4().hex[:8]}"
-    write_input(s3_server, prefix, [100, 100])
+    write_input(s3_server, prefix, [50, 50])
     whole = task_config(s3_server, proxy, prefix)
     first, _ = plan_partitions(whole, 2)
     partition = dataclasses.replace(whole, range_ids=first.range_ids, run_key=f"dag/{prefix}/task/0")
