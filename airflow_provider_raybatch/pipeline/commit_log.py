@@ -76,6 +76,9 @@ class CommitLog:
         self.manifest_path = f"{self.meta}/manifest.json"
         #: The layout this ledger writes: the recorded plan's (:meth:`.ledger.OutputLedger.load_plan`), else the newest.
         self.version = PLAN_VERSION
+        #: The id of the plan this writer checked its configuration against (:meth:`.ledger.PlanRecord.plan_id`),
+        #: named in each record it writes; None until a plan is loaded or written.
+        self.plan_id: str | None = None
         #: Whose segments this writer writes (:meth:`.ledger.OutputLedger.set_scope`), and this writer's own id
         #: in their names.
         self.scope = OUTPUT_SCOPE
@@ -285,9 +288,12 @@ def _encode(records: Any) -> dict[str, Any]:
 
     ``[range id, rows, rejected, engine errors, files, committed at]``; files is null for the
     common case, the range's one output file ``part-<range id>.parquet``, which keeps a manifest of
-    a million ranges to some tens of MB.
+    a million ranges to some tens of MB. The plan each record was written under is kept beside the
+    rows, run-length encoded (``plans``: ``[[plan id, count], ...]`` in row order; nearly always one
+    run): rows keep the shape that earlier versions of the provider read.
     """
-    rows = []
+    rows: list[list[Any]] = []
+    plans: list[list[Any]] = []
     for r in records:
         files = r["files"]
         default = files == [f"part-{r['range_id']}.parquet"]
@@ -301,10 +307,19 @@ def _encode(records: Any) -> dict[str, Any]:
                 r.get("committed_at"),
             ]
         )
-    return {"version": PLAN_VERSION, "records": rows}
+        plan = r.get("plan")
+        if plans and plans[-1][0] == plan:
+            plans[-1][1] += 1
+        else:
+            plans.append([plan, 1])
+    encoded: dict[str, Any] = {"version": PLAN_VERSION, "records": rows}
+    if any(plan for plan, _ in plans):
+        encoded["plans"] = plans
+    return encoded
 
 
 def _decode(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    plans = (plan for plan, count in data.get("plans", ()) for _ in range(count))
     records = {}
     for range_id, rows, rejected, engine_errors, files, committed_at in data["records"]:
         record: dict[str, Any] = {
@@ -316,5 +331,7 @@ def _decode(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
             record.update(rejected=rejected, engine_errors=engine_errors)
         if committed_at is not None:
             record["committed_at"] = committed_at
+        if plan := next(plans, None):
+            record["plan"] = plan
         records[range_id] = record
     return records

@@ -84,6 +84,17 @@ class PlanRecord:
     run_key: str | None
     version: int = PLAN_VERSION
 
+    def plan_id(self) -> str:
+        """What identifies this plan: a digest of everything it records but the layout version.
+
+        A writer names it in each record it writes (:meth:`OutputLedger.publish`), so that ranges
+        written under a plan that has since been replaced (an overwrite by another run or with
+        other settings, racing a writer that checked the old plan) are told apart from the
+        output's own: the verifier reports them, and the next writer redoes them.
+        """
+        data = {k: v for k, v in asdict(self).items() if k != "version"}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
     def range_ids(self) -> list[str]:
         """The planned ranges' ids, in plan order (listed by layout 1, cut again from the files by layout 2)."""
         ranges = recorded_ranges(self.input, self.job["rows_per_range"], self.job.get("max_rows"))
@@ -155,11 +166,14 @@ class OutputLedger(CommitLog):
                 "where the pipeline runs, or write to another output path"
             )
         self.version = version
-        return PlanRecord(**data)
+        plan = PlanRecord(**data)
+        self.plan_id = plan.plan_id()
+        return plan
 
     def write_plan(self, plan: PlanRecord) -> None:
         write_json(self.fs, self.plan_path, asdict(plan), compact=True)
         self.version = plan.version
+        self.plan_id = plan.plan_id()
 
     def upgrade(self, plan: PlanRecord) -> None:
         """Move a version-1 output to this layout: its records into the manifest, then ``plan`` (the
@@ -268,6 +282,8 @@ class OutputLedger(CommitLog):
         if files:
             crash_point("published")
         record: dict[str, Any] = {"range_id": range_id, "files": files, "rows": rows}
+        if self.plan_id:
+            record["plan"] = self.plan_id
         if rejected:  # only when there are rejects: records of outputs without any stay as they were
             record.update(rejected=rejected, engine_errors=engine_errors)
         return record
@@ -279,7 +295,8 @@ class OutputLedger(CommitLog):
 
         A record whose files are not all there does not count: its range is redone (a write
         whose outcome was unknown can leave such a record, applied after the try that wrote
-        it had given up on it). Then the data and rejects files of ranges without a record
+        it had given up on it). Nor does a record written under another plan than this writer's
+        (:meth:`PlanRecord.plan_id`: a writer that raced an overwrite). Then the data and rejects files of ranges without a record
         are deleted, and this writer's temporary folder with them.
 
         With ``range_ids`` (one partition of a mapped run), only files of those ranges: other
@@ -295,7 +312,15 @@ class OutputLedger(CommitLog):
         }
         standing = {}
         for range_id, record in committed.items():
-            if all(name in present for name in record["files"]):
+            if record.get("plan", self.plan_id) != self.plan_id:
+                log.warning(
+                    "Range %s of %s was committed under another plan (%s, not %s): redone",
+                    range_id,
+                    self.display_path,
+                    record["plan"],
+                    self.plan_id,
+                )
+            elif all(name in present for name in record["files"]):
                 standing[range_id] = record
             else:
                 missing = [name for name in record["files"] if name not in present]

@@ -1,7 +1,7 @@
 """Check a finished output against its ledger: ``python -m airflow_provider_raybatch verify <output_path>``.
 
 What a reader of the output relies on: every committed file is there with the rows its record
-names, no part file is there without a record, every planned range is committed, and the row
+names, every record was written under the output's plan (not by a writer of a plan since replaced), no part file is there without a record, every planned range is committed, and the row
 key is unique over the output and its rejects (each input row written exactly once).
 """
 
@@ -35,6 +35,9 @@ def verify_output(output_path: str, storage_options: dict[str, Any] | None = Non
     missing = [r for r in planned if r not in committed]
     _add(faults, "planned range(s) not committed", missing)
     _add(faults, "commit record(s) of ranges not in the plan", sorted(set(committed) - set(planned)))
+    plan_id = plan.plan_id()
+    foreign = sorted(r for r, record in committed.items() if record.get("plan", plan_id) != plan_id)
+    _add(faults, "range(s) committed under another plan than the output's (a mixed output)", foreign)
 
     recorded_files = {}  # relative path -> rows its record names
     for record in committed.values():

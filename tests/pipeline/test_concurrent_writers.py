@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 
@@ -131,3 +132,41 @@ def test_partitions_run_side_by_side_and_exclude_a_whole_output_writer(tmp_path)
         output = finish(writer)
     assert writer.returncode == 0, output
     assert_output_sound(tmp_path / "out", range(1200))
+
+
+def test_a_range_committed_under_a_replaced_plan_is_found_by_the_verifier_and_redone(tmp_path):
+    """Case 4's other half: whatever lets a writer of an old plan through (a race the leases now
+    close, a writer frozen between its fence and its write), the range it commits after an
+    overwrite replaced the plan is told apart: its record names the plan it was written under.
+    The verifier reports the mixed output, and the next run of the new plan redoes the range."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+    from airflow_provider_raybatch.pipeline.verify import verify_output
+
+    write_input(tmp_path / "in", [200])
+    output = tmp_path / "out"
+    old = config(tmp_path, "tests.predictors:add_bias", predictor_kwargs={"bias": 1.0}, run_key="dag/1/t/-1")
+    run_batch_inference(old)
+    stale = OutputLedger.open(str(output))  # a writer that checked the old plan
+    stale.load_plan()
+    new = config(tmp_path, "tests.predictors:add_bias", predictor_kwargs={"bias": 5.0}, run_key="dag/2/t/-1")
+    run_batch_inference(dataclasses.replace(new, mode="overwrite"))
+    assert verify_output(str(output)) == []
+
+    # The stale writer commits its result of one range, over the new plan's file of that range.
+    range_id, record = sorted(OutputLedger.open(str(output)).committed().items())[0]
+    table = pq.read_table(output / record["files"][0])
+    tmp = stale.tmp_file(range_id)
+    with stale.fs.open(tmp, "wb") as f:
+        old_result = pa.array([-1.0] * len(table), table.schema.field("biased").type)
+        pq.write_table(table.set_column(table.schema.get_field_index("biased"), "biased", old_result), f)
+    stale.record([stale.publish(range_id, [tmp], table.num_rows)])
+
+    faults = verify_output(str(output))
+    assert faults == [f"1 range(s) committed under another plan than the output's (a mixed output): {range_id}"]
+    summary = run_batch_inference(new)  # the same run again: it resumes, and redoes that range
+    assert (summary.ranges_done, summary.ranges_skipped, summary.rows_out) == (1, 1, 200)
+    assert_output_sound(output, range(200))
+    assert -1.0 not in read_output(output)["biased"].to_pylist()
