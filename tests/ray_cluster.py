@@ -44,7 +44,8 @@ class LocalRayCluster:
         env.pop("RAY_ADDRESS", None)
         return env
 
-    def start_node(self, *, head: bool, num_cpus: int, resources: dict[str, float] | None = None) -> None:
+    def start_node(self, *, head: bool, num_cpus: int, resources: dict[str, float] | None = None) -> int:
+        """Start a node; returns its raylet's port (``--node_manager_port`` on the raylet's command line)."""
         ports = [free_port() for _ in range(6)]
         command = [
             RAY,
@@ -75,6 +76,15 @@ class LocalRayCluster:
             command.append(f"--address=127.0.0.1:{self.gcs_port}")
         subprocess.run(command, env=self.env(), check=True, capture_output=True, timeout=180)
         self.nodes.append("head" if head else "worker")
+        return ports[0]
+
+    def raylet_pid(self, node_manager_port: int) -> int:
+        """The pid of the raylet of the node started with ``node_manager_port``."""
+        out = subprocess.run(
+            ["pgrep", "-f", f"raylet.*--node_manager_port={node_manager_port}( |$)"], capture_output=True, text=True
+        )
+        (pid,) = [int(p) for p in out.stdout.split()]
+        return pid
 
     def pids(self) -> list[int]:
         """Every process of this cluster: their command lines carry its temp dir."""

@@ -41,6 +41,14 @@ class StoreUnavailableError(RayBatchError):
     """
 
 
+class ResourcesUnavailableError(RayBatchError):
+    """The Ray cluster lacks, for now, resources it had or may get (a lost node, an autoscaler
+    still adding one), and did not get them back within the wait.
+
+    Retryable: a request that no node of the cluster could ever satisfy is a :class:`ConfigError`.
+    """
+
+
 class NoProgressError(RayBatchError):
     """The pipeline committed no range and delivered no batch for ``progress_timeout`` seconds (a hung predictor).
 

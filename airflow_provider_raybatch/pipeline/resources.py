@@ -8,15 +8,26 @@ what runs on Ray.
 
 from __future__ import annotations
 
+import logging
 import numbers
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, ResourcesUnavailableError
+from airflow_provider_raybatch.pipeline.retries import seconds_from_env
+
+log = logging.getLogger(__name__)
 
 #: CPUs Ray Data's read tasks need beside the stages' replicas.
 READ_CPUS = 1
+#: How long a try waits for resources the cluster had or may get (seconds; default :data:`RESOURCE_WAIT_S`).
+RESOURCE_WAIT_ENV = "RAYBATCH_RESOURCE_WAIT_S"
+RESOURCE_WAIT_S = 120.0
+#: Ray's reasons of a node's death (``NodeDeathInfo.Reason``) that mean lost, not removed on purpose:
+#: UNEXPECTED_TERMINATION, AUTOSCALER_DRAIN_PREEMPTED.
+_LOST = (2, 3)
 
 
 @dataclass(kw_only=True)
@@ -157,6 +168,69 @@ def check_cluster_resources(
             "Lower concurrency or num_cpus (fractions such as 0.5 are allowed)."
         )
     return {"CPU": cpu_need + read_cpus, "GPU": gpu_need}
+
+
+def wait_for_cluster_resources(
+    stages: Sequence[tuple[str, ReplicaResources]], read_cpus: float = READ_CPUS
+) -> tuple[dict[str, float], dict[str, float]]:
+    """:func:`check_cluster_resources` on the Ray cluster this process is connected to.
+
+    What the cluster lacks now but may have again is waited for, up to ``RAYBATCH_RESOURCE_WAIT_S``
+    seconds, then fails the try with a retryable :class:`ResourcesUnavailableError` (right when the
+    node comes back): the cluster may have it again when its autoscaler's node types offer it, or
+    when it lost a node (crashed or preempted; Ray no longer reports what a dead node had, so any
+    shortfall may be the lost node's). Otherwise no node could ever give it: a :class:`ConfigError` at once.
+
+    :returns: the minimum the pipeline needs at once (as :func:`check_cluster_resources`), and
+        the cluster's resources when it was met.
+    """
+    import ray
+
+    resources = ray.cluster_resources()
+    try:
+        return check_cluster_resources(stages, resources, read_cpus), resources
+    except ConfigError as now:
+        lost = _lost_nodes()
+        if not lost:
+            check_cluster_resources(stages, {**resources, **_autoscaler_limits(resources)}, read_cpus)
+        why = f"{len(lost)} node(s) lost ({lost[0]})" if lost else "its autoscaler may add a node that has it"
+        wait = seconds_from_env(RESOURCE_WAIT_ENV, RESOURCE_WAIT_S)
+        log.warning("Waiting up to %g s for the Ray cluster's resources (%s): %s", wait, why, now)
+    deadline = time.monotonic() + wait
+    while True:
+        time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
+        resources = ray.cluster_resources()
+        try:
+            return check_cluster_resources(stages, resources, read_cpus), resources
+        except ConfigError as e:
+            if time.monotonic() >= deadline:
+                raise ResourcesUnavailableError(
+                    f"{str(e).rstrip('.')}. The cluster may have it again ({why}) but did not within {wait:g} s "
+                    f"({RESOURCE_WAIT_ENV}); a retry of the task tries again"
+                ) from None
+
+
+def _lost_nodes() -> list[str]:
+    """The nodes the cluster lost (crashed, or preempted), each as ``<ip>: <Ray's reason>``."""
+    import ray
+
+    return [
+        f"{node.get('NodeManagerAddress')}: {node.get('DeathReasonMessage') or 'no reason given'}"
+        for node in ray.nodes()
+        if not node.get("Alive") and node.get("DeathReason") in _LOST
+    ]
+
+
+def _autoscaler_limits(resources: Mapping[str, float]) -> dict[str, float]:
+    """The most each resource could reach under the cluster's autoscaler (none without one)."""
+    try:  # Ray's own view of the autoscaler's node types (private, as Ray Data uses it): None without one
+        from ray._private.state import state
+
+        limits = state.get_max_resources_from_cluster_config() or {}
+    except Exception as e:  # noqa: BLE001 - an older or newer Ray: judge by the nodes alone
+        log.debug("No autoscaler limits from Ray: %s", e)
+        return {}
+    return {name: max(amount, resources.get(name, 0)) for name, amount in limits.items()}
 
 
 def is_int(value: Any) -> bool:

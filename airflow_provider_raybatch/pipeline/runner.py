@@ -28,7 +28,7 @@ from airflow_provider_raybatch.pipeline.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
 from airflow_provider_raybatch.pipeline.range_commits import RangeCommits
 from airflow_provider_raybatch.pipeline.ray_runtime import prestart_workers, ray_session
-from airflow_provider_raybatch.pipeline.resources import READ_CPUS, check_cluster_resources
+from airflow_provider_raybatch.pipeline.resources import READ_CPUS, wait_for_cluster_resources
 from airflow_provider_raybatch.pipeline.stages import StageWorker, resolve_predictor, warm_imports
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 from airflow_provider_raybatch.pipeline.watchdog import Watchdog
@@ -96,11 +96,8 @@ def _process(
             last = len(config.stages) - 1
             reads_in_stage = 0 not in transforms and config.stages[0].cpus_only
             writes_in_stage = last not in transforms and config.stages[last].cpus_only
-            import ray
-
-            resources = ray.cluster_resources()
-            need = check_cluster_resources(
-                [(s.display_name, s) for s in config.stages], resources, read_cpus=0 if reads_in_stage else READ_CPUS
+            need, resources = wait_for_cluster_resources(
+                [(s.display_name, s) for s in config.stages], read_cpus=0 if reads_in_stage else READ_CPUS
             )
             if shared is not None:
                 shared.take_share(need, resources, config.progress_timeout)
