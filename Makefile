@@ -11,7 +11,7 @@ export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export RAYBATCH_DEMO_ROOT := $(CURDIR)/.demo
 DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 
-.PHONY: demo demo-llm test lint bench daft-env clean
+.PHONY: demo demo-llm test lint bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,10 @@ test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 # Results: benchmarks/results/ (see benchmarks/README.md).
 bench: $(VENV)/.installed-dev $(DAFT_VENV)/.installed
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
+
+# The store-fault soak (benchmarks/store_fault_soak.py): 100 tasks under random faults, ~30 min on 2 cores.
+soak: $(VENV)/.installed-dev
+	$(PY) benchmarks/store_fault_soak.py $(SOAK_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

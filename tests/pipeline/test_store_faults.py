@@ -292,3 +292,96 @@ def test_a_whole_output_writer_and_a_partition_writer_starting_together_never_bo
     for run in writers:
         run.release()
     assert len(writers) == 1, outcome
+
+
+# --- Azure (Azurite) and GCS (gcp-storage-emulator) behind the same proxy ----------------------------
+
+#: The output's requests on either store: Azure names the blob in the path, GCS's uploads in the
+#: query (URL-encoded), and GCS deletes many objects in one batch request.
+OUTPUT_REQUESTS = r"out(/|%2F)|/batch/"
+
+
+def cloud_store(name: str, server, proxy: FaultProxy) -> tuple[dict, object]:
+    """Storage options that reach ``server`` through ``proxy``, and a filesystem that reaches it directly."""
+    if name == "gs":
+        import gcsfs
+
+        options = {"token": "anon", "project": "raybatch-test"}
+        direct = gcsfs.GCSFileSystem(endpoint_url=server.endpoint, skip_instance_cache=True, **options)
+        if not direct.exists(BUCKET):
+            direct.mkdir(BUCKET)
+        return {"endpoint_url": proxy.url, "skip_instance_cache": True, **options}, direct
+    import adlfs
+
+    account, key = server.extra["account"], server.extra["key"]
+
+    def connection(endpoint: str) -> str:
+        return f"AccountName={account};AccountKey={key};BlobEndpoint={endpoint};"
+
+    direct = adlfs.AzureBlobFileSystem(connection_string=connection(server.endpoint), skip_instance_cache=True)
+    if BUCKET not in {p.rstrip("/") for p in direct.ls("")}:
+        direct.mkdir(BUCKET)
+    options = {"connection_string": connection(f"{proxy.url}/{account}"), "skip_instance_cache": True}
+    return options, direct
+
+
+@pytest.mark.parametrize("name", ["gs", "abfs"])
+def test_writes_with_an_unknown_outcome_on_azure_and_gcs_end_exactly_once(request, name):
+    """A fifth of the output's writes (data files, publishing, records, plan, schemas, lease, deletes)
+    applied and answered with an error, or with their replies lost, during the first try: the task
+    ends, within its retries, with every row once and a summary that counts what is there."""
+    server = request.getfixturevalue({"gs": "gcs_server", "abfs": "azure_server"}[name])
+    with FaultProxy(server.endpoint, seed=11) as proxy:
+        options, direct = cloud_store(name, server, proxy)
+        prefix = f"{name}-{uuid.uuid4().hex[:8]}"
+        start = 0
+        for i, n in enumerate([50, 50]):
+            with direct.open(f"{BUCKET}/{prefix}/in/part-{i}.parquet", "wb") as f:
+                pq.write_table(features_table(n, start), f, row_group_size=50)
+            start += n
+        config = BatchInferenceConfig(
+            input_path=f"{name}://{BUCKET}/{prefix}/in",
+            output_path=f"{name}://{BUCKET}/{prefix}/out",
+            stages=[Stage("tests.predictors:score")],
+            id_column="id",
+            rows_per_range=50,
+            storage_options=options,
+            run_key=f"dag/{prefix}/task/-1",
+        )
+        rules = [
+            Rule(kind, method=method, path=OUTPUT_REQUESTS, times=None, probability=0.1)
+            for kind in ("error_after", "drop_after")
+            for method in ("PUT", "POST", "DELETE")
+        ]
+        proxy.rules.extend(rules)
+        outcomes: list[object] = []
+        for _ in range(3):
+            try:
+                outcomes.append(run_batch_inference(config))
+                break
+            except NotRetryableError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a failed try: Airflow retries it
+                outcomes.append(e)
+                proxy.clear()
+        summary = outcomes[-1]
+        assert isinstance(summary, RunSummary), outcomes
+        assert all(sum(r.applied for r in rules if r.kind == kind) for kind in ("error_after", "drop_after")), [
+            (r.kind, r.method, r.applied) for r in rules
+        ]
+        proxy.clear()
+        assert verify_output(config.output_path, options) == []
+        direct.invalidate_cache()
+        ids = pq.read_table(f"{BUCKET}/{prefix}/out", filesystem=direct, columns=["id"])["id"].to_pylist()
+        assert sorted(ids) == list(range(ROWS))
+        assert summary.rows_out == len(ids) == summary.rows_in
+
+
+def test_a_seeded_soak_never_ends_in_success_over_a_wrong_output():
+    """A few tasks of the soak (`make soak` runs many): random faults on 5% of all requests."""
+    from benchmarks.store_fault_soak import soak
+
+    counts = soak(tasks=3, rate=0.05, seed=3)
+    assert counts.faults > 0
+    assert counts.wrong == [] and counts.permanent == [], counts
+    assert counts.sound + counts.out_of_tries == counts.tasks >= 1 and counts.sound >= 1, counts
