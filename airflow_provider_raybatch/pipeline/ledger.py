@@ -65,6 +65,8 @@ META_DIR = "_raybatch"
 REJECTS_DIR = "_rejects"
 LEASE_DIR = "lease"
 PARTITION_LEASES_DIR = "leases"
+#: What of a planned file identifies a plan (:meth:`PlanRecord.plan_id`).
+_PLAN_ID_FILE_KEYS = ("relpath", "size", "rows", "row_groups", "signature")
 
 
 @dataclass(frozen=True)
@@ -85,14 +87,18 @@ class PlanRecord:
     version: int = PLAN_VERSION
 
     def plan_id(self) -> str:
-        """What identifies this plan: a digest of everything it records but the layout version.
+        """What identifies this plan: a digest of the input path, job signature, run key and each
+        planned file's name, size, rows, row groups and signature.
 
         A writer names it in each record it writes (:meth:`OutputLedger.publish`), so that ranges
         written under a plan that has since been replaced (an overwrite by another run or with
         other settings, racing a writer that checked the old plan) are told apart from the
-        output's own: the verifier reports them, and the next writer redoes them.
+        output's own: the verifier reports them, and the next writer redoes them. Fingerprint
+        fields that plans of earlier versions lack (modification time, ETag, version) are left
+        out, so that such a plan keeps its id.
         """
-        data = {k: v for k, v in asdict(self).items() if k != "version"}
+        files = [{k: f.get(k) for k in _PLAN_ID_FILE_KEYS} for f in self.input.get("files", ())]
+        data = {"input_path": self.input_path, "files": files, "job": self.job, "run_key": self.run_key}
         return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
     def range_ids(self) -> list[str]:
