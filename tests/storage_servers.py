@@ -71,9 +71,10 @@ def gcs_emulator(work: Path) -> Server:
     except ImportError as e:
         raise ServerUnavailable(f"gcp-storage-emulator is not installed ({e}); it comes with the dev extra") from e
     port, log = free_port(), work / "gcs-emulator.log"
-    args = [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1", "--port", str(port)]
+    args = [sys.executable, "-m", "tests.gcs_emulator", "start", "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as out:
-        proc = subprocess.Popen([*args, "--in-memory"], stdout=out, stderr=subprocess.STDOUT)
+        # From the checkout: the emulator runs with the move call added (tests/gcs_emulator.py).
+        proc = subprocess.Popen([*args, "--in-memory"], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     _wait_for_port(port, proc, log)
     return Server(proc, f"http://127.0.0.1:{port}", log)
 
