@@ -503,7 +503,7 @@ def as_layout_1(output: Path, keep: int) -> list[str]:
     committed = OutputLedger.open(str(output)).committed()
     (meta / "commits").mkdir()
     for range_id in [r.id for r in ranges][:keep]:
-        record = {k: v for k, v in committed[range_id].items() if k != "committed_at"}
+        record = {k: v for k, v in committed[range_id].items() if k not in ("committed_at", "plan")}
         (meta / "commits" / f"{range_id}.json").write_text(json.dumps(record))
     (meta / "manifest.json").unlink()
     return [r.id for r in ranges]
