@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("output_path", help="the output folder, local or a URL such as s3://bucket/out/2026-11-20")
     args = parser.parse_args(argv)
 
-    from airflow_provider_raybatch.pipeline.verify import verify_output
+    from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 
     faults = verify_output(args.output_path)
     for fault in faults:
@@ -27,6 +27,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from airflow_provider_raybatch.pipeline.process import exit_now
+    from airflow_provider_raybatch.pipeline.runtime.exit import exit_now
 
     exit_now(main())

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset
 
-from airflow_provider_raybatch.pipeline.schemes import store_of
+from airflow_provider_raybatch.pipeline.store.urls import store_of
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

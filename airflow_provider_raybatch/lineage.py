@@ -10,8 +10,8 @@ import posixpath
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_raybatch.pipeline.schemes import store_of
-from airflow_provider_raybatch.pipeline.storage import GLOB_CHARS
+from airflow_provider_raybatch.pipeline.store.files import GLOB_CHARS
+from airflow_provider_raybatch.pipeline.store.urls import store_of
 
 
 def dataset_name(path: str) -> tuple[str, str]:

@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from benchmarks.common import Results, base_parser, median
 
 

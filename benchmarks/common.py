@@ -297,7 +297,7 @@ def kill_ray_leftovers(ray_tmp: str) -> list[int]:
     """SIGKILL the processes of a Ray started with ``RAY_TMPDIR=ray_tmp``; return their pids.
 
     A safety net for tests and benchmarks that kill a driver: ``ray_session``'s reaper already
-    ends such a Ray within seconds (see ``airflow_provider_raybatch.pipeline.reaper``).
+    ends such a Ray within seconds (see ``airflow_provider_raybatch.pipeline.runtime.reaper``).
     """
     killed = []
     for pid in ray_processes_of(ray_tmp):
@@ -313,7 +313,7 @@ def kill_ray_leftovers(ray_tmp: str) -> list[int]:
 def shared_ray_env() -> Iterator[dict[str, str]]:
     """The environment for runs on a shared local Ray of the benchmark's own: its folder (short:
     Ray's socket paths are length-limited) is removed and its head stopped at the end."""
-    from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
+    from airflow_provider_raybatch.pipeline.runtime.shared.head import stop_shared_heads
 
     base = tempfile.mkdtemp(prefix="rbw", dir="/tmp")
     try:
@@ -338,7 +338,7 @@ def run_variant(
 
 def commit_records(output: Path) -> list[dict[str, Any]]:
     """The output's commit records, as its ledger reads them (also while a run writes them)."""
-    from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+    from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 
     return list(OutputLedger.open(str(output)).committed().values())
 

@@ -32,11 +32,11 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_provider_raybatch.pipeline.commit_log import _encode
-from airflow_provider_raybatch.pipeline.input_files import InputFile
-from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger, PlanRecord
-from airflow_provider_raybatch.pipeline.planner import Plan, plan_ranges
+from airflow_provider_raybatch.pipeline.commit.commit_log import _encode
+from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord
+from airflow_provider_raybatch.pipeline.planning.input_files import InputFile
+from airflow_provider_raybatch.pipeline.planning.planner import Plan, plan_ranges
 from benchmarks.common import Results, base_parser, moto_s3
 
 BUCKET = "raybatch-bench"

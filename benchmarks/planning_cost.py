@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline.planner import plan_input
-from airflow_provider_raybatch.pipeline.storage import resolve
+from airflow_provider_raybatch.pipeline.planning.planner import plan_input
+from airflow_provider_raybatch.pipeline.store.files import resolve
 from benchmarks.common import Results, base_parser, median
 
 

@@ -32,8 +32,8 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.storage import resolve
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.store.files import resolve
 from benchmarks.common import (
     BEFORE_SCALE_OUT,
     REPO,

@@ -56,10 +56,10 @@ def soak(tasks: int, rate: float, seed: int, tries: int = 4, retry_s: float = 5.
     import s3fs
 
     from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+    from airflow_provider_raybatch.pipeline.commit.verify import verify_output
     from airflow_provider_raybatch.pipeline.errors import NotRetryableError
-    from airflow_provider_raybatch.pipeline.retries import STORE_RETRY_ENV
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-    from airflow_provider_raybatch.pipeline.verify import verify_output
+    from airflow_provider_raybatch.pipeline.store.retries import STORE_RETRY_ENV
     from benchmarks.common import moto_s3
     from tests.data import features_table
     from tests.fault_proxy import FaultProxy

@@ -118,8 +118,8 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         # An existing cluster: what execute() does once the hook resolved a connection's address.
         import ray
 
-        from airflow_provider_raybatch.pipeline.ray_runtime import python_path_runtime_env
         from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+        from airflow_provider_raybatch.pipeline.runtime.local_ray import python_path_runtime_env
 
         # The job's workers import the provider this process imports (another commit's, with
         # package_root), not the one on the cluster nodes' own PYTHONPATH.
@@ -251,7 +251,7 @@ def operator_series(p: dict[str, Any]) -> dict[str, Any]:
 
     Sharing one Ray start removes its 5-9 s of noise from comparisons of pipeline settings.
     """
-    from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+    from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 
     runs = []
     with ray_session():
@@ -278,7 +278,7 @@ def ray_start(p: dict[str, Any]) -> dict[str, Any]:
     import ray
 
     imported = time.perf_counter()
-    from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+    from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 
     with ray_session():
         initialised = time.perf_counter()

@@ -41,7 +41,7 @@ os.environ.setdefault("RAYBATCH_STORE_RETRY_S", "3")
 def _stop_shared_ray():
     """No shared head outlives the session."""
     yield
-    from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
+    from airflow_provider_raybatch.pipeline.runtime.shared.head import stop_shared_heads
 
     stop_shared_heads(os.environ["RAYBATCH_LOCAL_RAY_DIR"])
     if _SHARED_RAY_DIR is not None:
@@ -76,7 +76,7 @@ def ray_local():
     """One local Ray for the session, joined the way the provider joins it (the shared Ray by default)."""
     import ray
 
-    from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+    from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 
     with ray_session():
         yield ray.cluster_resources()

@@ -49,7 +49,7 @@ def assert_exactly_once(output: pa.Table, expected_ids: range | list[int]) -> No
 
 def assert_output_sound(path: str | Path, expected_ids: range | list[int]) -> None:
     """The output passes the verifier (files as their ledger says) and holds each expected id once."""
-    from airflow_provider_raybatch.pipeline.verify import verify_output
+    from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 
     assert verify_output(str(path)) == []
     assert_exactly_once(read_output(path), expected_ids)

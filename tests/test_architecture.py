@@ -80,3 +80,50 @@ def test_code_that_runs_on_ray_imports_no_airflow_module_of_the_provider(layer):
     airflow_side = (f"{NAME}.{p}" for p in ("operators", "hooks", "triggers", "links"))
     bad = {m: sorted(d for d in graph[m] if d.startswith(tuple(airflow_side))) for m in ray_side}
     assert {m: d for m, d in bad.items() if d} == {}
+
+
+#: pipeline/'s layers, lowest first (see pipeline/STRUCTURE.md). A module may import its own layer
+#: and the layers below it, never one above: stores know nothing of plans, planning and the local
+#: Ray nothing of commits, the commit protocol nothing of Ray Data, and nothing below runs a task.
+PIPELINE_LAYERS = [
+    ("store", "errors", "columns", "resources", "config"),
+    ("runtime", "planning", "summary"),
+    ("commit",),
+    ("execution",),
+    ("prepare", "partitions", "runner", "job"),
+]
+
+
+def pipeline_layer(module: str) -> int | None:
+    prefix = f"{NAME}.pipeline."
+    if not module.startswith(prefix):
+        return None
+    top = module[len(prefix) :].split(".")[0]
+    return next(i for i, layer in enumerate(PIPELINE_LAYERS) if top in layer)
+
+
+def test_every_pipeline_module_has_a_layer():
+    graph = import_graph()
+    unplaced = [m for m in graph if m.startswith(f"{NAME}.pipeline.") and pipeline_layer(m) is None]
+    assert unplaced == []
+
+
+def test_pipeline_layers_import_only_downwards():
+    graph = import_graph()
+    upward = {
+        m: sorted(d for d in deps if (pipeline_layer(d) or 0) > layer)
+        for m, deps in graph.items()
+        if (layer := pipeline_layer(m)) is not None
+    }
+    assert {m: d for m, d in upward.items() if d} == {}
+
+
+def test_the_local_ray_and_planning_know_nothing_of_each_other():
+    runtime, planning = f"{NAME}.pipeline.runtime", f"{NAME}.pipeline.planning"
+    crossing = [
+        (m, d)
+        for m, deps in import_graph().items()
+        for d in deps
+        if (m.startswith(runtime) and d.startswith(planning)) or (m.startswith(planning) and d.startswith(runtime))
+    ]
+    assert crossing == []

@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 
 from airflow_provider_raybatch import __version__
 from airflow_provider_raybatch.get_provider_info import get_provider_info
-from airflow_provider_raybatch.hooks.jobs_types import cluster_settings
+from airflow_provider_raybatch.hooks.ray_connection import cluster_settings
 from tests.conftest import REPO
 
 DOCKER = REPO / "docker"
@@ -227,7 +227,7 @@ def test_ray_connection_env_matches_the_hook_fields(compose):
 
 
 def test_aws_connection_env_reaches_the_store(compose, monkeypatch):
-    from airflow_provider_raybatch.credentials import storage_options
+    from airflow_provider_raybatch.hooks.object_stores import storage_options
 
     env = service_env(compose, "airflow-scheduler")
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", env["AIRFLOW_CONN_AWS_DEFAULT"])

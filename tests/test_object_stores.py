@@ -25,12 +25,12 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk import DAG
 
-from airflow_provider_raybatch.credentials import storage_options
+from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.storage import create_file, resolve
-from airflow_provider_raybatch.pipeline.verify import verify_output
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.commit.verify import verify_output
+from airflow_provider_raybatch.pipeline.store.files import create_file, resolve
 from benchmarks.common import kill_ray_leftovers
 from tests.conftest import run_dag
 from tests.data import assert_exactly_once, features_table
@@ -176,7 +176,7 @@ def test_a_second_create_of_one_name_is_refused(store, request):
 RUN_SCRIPT = """
 import json, logging, sys
 logging.basicConfig(level=logging.INFO)
-from airflow_provider_raybatch.credentials import storage_options
+from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 cfg = BatchInferenceConfig(sys.argv[1], sys.argv[2], [Stage("tests.predictors:score", batch_size=100)],

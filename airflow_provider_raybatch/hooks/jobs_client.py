@@ -19,13 +19,9 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from airflow_provider_raybatch.hooks.jobs_types import (
-    JobAlreadyExists,
-    JobDeadlineExceeded,
-    JobInfo,
-    RayClusterSettings,
-    RayJobsError,
-)
+from airflow_provider_raybatch.hooks.jobs_types import JobInfo, JobStatus
+from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings
+from airflow_provider_raybatch.pipeline.errors import JobAlreadyExists, JobDeadlineExceeded, RayJobsError
 
 T = TypeVar("T")
 
@@ -123,7 +119,7 @@ class RayJobsClient:
             return None
         return JobInfo(
             submission_id=submission_id,
-            status=job["status"],
+            status=JobStatus(job["status"]),
             message=job.get("message") or "",
             driver_exit_code=job.get("driver_exit_code"),
         )
@@ -193,7 +189,9 @@ class RayJobsClient:
                         await asyncio.wait({logs}, timeout=5)
                     return info
                 if deadline is not None and time.time() >= deadline:
-                    raise JobDeadlineExceeded(f"Ray job {submission_id} is still {info.status} at the task's deadline")
+                    raise JobDeadlineExceeded(
+                        f"Ray job {submission_id} is still {info.status.value} at the task's deadline"
+                    )
                 await asyncio.sleep(poll_interval if deadline is None else min(poll_interval, deadline - time.time()))
         finally:
             if logs is not None:

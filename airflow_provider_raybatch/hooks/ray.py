@@ -11,14 +11,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_provider_raybatch.hooks.jobs_types import (
-    JobAlreadyExists,
-    JobInfo,
-    RayClusterSettings,
-    RayJobsError,
-    cluster_settings,
-)
-from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.hooks.jobs_types import JobInfo, JobStatus
+from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings, cluster_settings
+from airflow_provider_raybatch.pipeline.errors import ConfigError, JobAlreadyExists, RayJobsError
 
 if TYPE_CHECKING:
     # The client (aiohttp) is imported where it is used: DAG files importing operators stay light.
@@ -166,15 +161,17 @@ class RayHook(BaseHook):
                     except JobAlreadyExists:
                         continue  # submitted meanwhile by another process of the same work: look again
                     self.log.info("Submitted Ray job %s to %s", submission_id, client.address)
-                    return JobInfo(submission_id, "PENDING")
+                    return JobInfo(submission_id, JobStatus.PENDING)
                 if info.is_active:
-                    self.log.info("Reattaching to Ray job %s (%s)", submission_id, info.status)
+                    self.log.info("Reattaching to Ray job %s (%s)", submission_id, info.status.value)
                     return info
                 if info.is_successful:
                     self.log.info("Ray job %s already succeeded: taking its result", submission_id)
                     return info
                 self.log.info(
-                    "Ray job %s ended %s: the next job resumes from its committed ranges", submission_id, info.status
+                    "Ray job %s ended %s: the next job resumes from its committed ranges",
+                    submission_id,
+                    info.status.value,
                 )
                 attempt += 1
 

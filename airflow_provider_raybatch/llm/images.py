@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_provider_raybatch.llm.config import PREPARED_IMAGE_COLUMN, ChatTask
-from airflow_provider_raybatch.pipeline.stages import INVALID_INPUT, REJECT_COLUMN, REJECT_KIND_COLUMN
+from airflow_provider_raybatch.pipeline.columns import INVALID_INPUT, REJECT_COLUMN, REJECT_KIND_COLUMN
 
 #: Refuse images whose pixel count would make decoding itself a memory hazard (Pillow's bomb check).
 MAX_IMAGE_PIXELS = 64_000_000

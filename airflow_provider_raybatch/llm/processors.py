@@ -26,7 +26,7 @@ from airflow_provider_raybatch.llm.config import PREPARED_IMAGE_COLUMN, ChatTask
 from airflow_provider_raybatch.llm.engines.openai import OpenAIEngine
 from airflow_provider_raybatch.llm.engines.vllm import VLLMEngine
 from airflow_provider_raybatch.llm.prompts import chat_messages
-from airflow_provider_raybatch.pipeline.stages import ENGINE_ERROR, INTERNAL_PREFIX, REJECT_COLUMN, REJECT_KIND_COLUMN
+from airflow_provider_raybatch.pipeline.columns import ENGINE_ERROR, INTERNAL_PREFIX, REJECT_COLUMN, REJECT_KIND_COLUMN
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.llm.engines.base import ProcessorEngine

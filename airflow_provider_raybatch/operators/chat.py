@@ -10,8 +10,7 @@ from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook
-
+from airflow_provider_raybatch.hooks.openai_endpoint import OpenAIEndpointHook
 from airflow_provider_raybatch.llm.build import build_stages
 from airflow_provider_raybatch.llm.config import DEFAULT_API_KEY_ENV, ChatTask, EngineConfig
 from airflow_provider_raybatch.llm.engines import find_engine, get_engine
@@ -21,7 +20,7 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
 if TYPE_CHECKING:
-    from airflow.sdk import Connection, Context
+    from airflow.sdk import Context
 
 
 class ChatOperator(RayPipelineOperator):
@@ -132,7 +131,7 @@ class ChatOperator(RayPipelineOperator):
             engine=self.engine,
             model=self.model,
             engine_kwargs=as_kind(self.engine_kwargs, dict, "engine_kwargs"),
-            base_url=self._endpoint_base_url() if get_engine(self.engine).needs_endpoint else None,
+            base_url=self.endpoint.base_url() if get_engine(self.engine).needs_endpoint else None,
             api_key_env=self.api_key_env,
         )
 
@@ -157,22 +156,9 @@ class ChatOperator(RayPipelineOperator):
             return super().execute(context)
 
     @cached_property
-    def openai_connection(self) -> Connection:
-        """The ``openai_conn_id`` connection: host = the endpoint's base URL, password = the API key."""
-        return BaseHook.get_connection(self.openai_conn_id)
-
-    def _endpoint_base_url(self) -> str:
-        conn = self.openai_connection
-        if not conn.host:
-            raise ConfigError(f"connection {self.openai_conn_id!r} has no host: set it to the endpoint's base URL")
-        host = conn.host.rstrip("/")
-        if "://" not in host:
-            host = f"{conn.schema or 'https'}://{host}"
-        if conn.port and ":" not in host.split("://", 1)[1].split("/", 1)[0]:
-            scheme, rest = host.split("://", 1)
-            netloc, _, path = rest.partition("/")
-            host = f"{scheme}://{netloc}:{conn.port}" + (f"/{path}" if path else "")
-        return host
+    def endpoint(self) -> OpenAIEndpointHook:
+        """The ``openai_conn_id`` connection of an endpoint engine."""
+        return OpenAIEndpointHook(self.openai_conn_id)
 
     @contextmanager
     def _api_key_in_environment(self) -> Iterator[None]:
@@ -186,7 +172,7 @@ class ChatOperator(RayPipelineOperator):
             self.log.info("Ray cluster: the API key is read from $%s in the cluster's environment", self.api_key_env)
             yield
             return
-        key = self.openai_connection.password
+        key = self.endpoint.api_key()
         previous = os.environ.get(self.api_key_env)
         if key:
             os.environ[self.api_key_env] = key

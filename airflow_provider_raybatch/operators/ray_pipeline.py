@@ -24,7 +24,7 @@ from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_raybatch.assets import attach_summary, resolve_asset
-from airflow_provider_raybatch.credentials import storage_options
+from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.lineage import operator_lineage
 from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
@@ -34,12 +34,13 @@ from airflow_provider_raybatch.pipeline.config import (
     BatchInferenceConfig,
     Stage,
 )
-from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError, RayJobsError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_raybatch.hooks.jobs_types import JobInfo, RayClusterSettings
+    from airflow_provider_raybatch.hooks.jobs_types import JobInfo
+    from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings
     from airflow_provider_raybatch.pipeline.partitions import Partition
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
@@ -249,7 +250,6 @@ class RayPipelineOperator(BaseOperator):
 
     def _run_on_cluster(self, context: Context, config: BatchInferenceConfig, cluster: RayClusterSettings) -> Any:
         """Run, or plan the partitions (``plan_partitions``), as a Ray Job; wait for it here or deferred."""
-        from airflow_provider_raybatch.hooks.jobs_types import RayJobsError
         from airflow_provider_raybatch.pipeline.job import entrypoint
 
         config.validate()
@@ -302,14 +302,18 @@ class RayPipelineOperator(BaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
         """Resume after the trigger fired: the job ended, timed out, or could not be followed."""
-        from airflow_provider_raybatch.hooks.jobs_types import JobInfo
+        from airflow_provider_raybatch.hooks.jobs_types import JobInfo, JobStatus, WaitOutcome
 
         self.submission_id = event["submission_id"]
-        if event["status"] == "TIMEOUT":
+        # A trigger of an earlier version (a task deferred across an upgrade) put its outcome in ``status``.
+        outcome = event.get("outcome") or {"TIMEOUT": "timeout", "ERROR": "error"}.get(event["status"], "ended")
+        if outcome == WaitOutcome.TIMED_OUT:
             raise AirflowTaskTimeout(event["message"])
-        if event["status"] == "ERROR":
+        if outcome == WaitOutcome.UNREACHABLE:
             raise AirflowException(event["message"])
-        info = JobInfo(self.submission_id, event["status"], event.get("message", ""), event.get("driver_exit_code"))
+        info = JobInfo(
+            self.submission_id, JobStatus(event["status"]), event.get("message", ""), event.get("driver_exit_code")
+        )
         with _fail_without_retry():
             return self._job_result(context, self.build_config(context), info)
 
@@ -346,7 +350,7 @@ class RayPipelineOperator(BaseOperator):
             return self._done(context, summary)
         failure = info.failure
         if failure is None:
-            raise AirflowException(f"Ray job {sid} has not ended ({info.status})")
+            raise AirflowException(f"Ray job {sid} has not ended ({info.status.value})")
         if not failure.retryable:
             # Bad settings or input found by the job: a retry would fail the same way.
             raise AirflowFailException(failure.message)

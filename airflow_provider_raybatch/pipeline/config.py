@@ -20,7 +20,7 @@ ROW_ID_COLUMN = "_row_id"
 #: on another host after a lost worker waits only about as long as Airflow's default retry delay.
 DEFAULT_LEASE_TIMEOUT_S = 120.0
 #: Seconds without a committed range or a batch reaching the driver after which a run fails as
-#: stalled (:mod:`~airflow_provider_raybatch.pipeline.watchdog`): far beyond any sane batch, but
+#: stalled (:mod:`~airflow_provider_raybatch.pipeline.execution.watchdog`): far beyond any sane batch, but
 #: a hung predictor no longer holds a task until ``execution_timeout`` (or forever without one).
 DEFAULT_PROGRESS_TIMEOUT_S = 3600.0
 BATCH_FORMATS = ("numpy", "pandas", "pyarrow")
@@ -160,10 +160,10 @@ class BatchInferenceConfig:
         input never reached a model and do not count.
     :param try_number: the Airflow try running it, named in the output's writer lease.
     :param lease_timeout: seconds without a heartbeat after which the output's writer lease of a
-        silent writer may be taken over (see :mod:`~airflow_provider_raybatch.pipeline.lease`).
+        silent writer may be taken over (see :mod:`~airflow_provider_raybatch.pipeline.commit.lease`).
     :param progress_timeout: seconds in which the pipeline must commit a range or deliver a batch;
         past it the run fails with the retryable :class:`NoProgressError` naming the stage that
-        holds the unfinished batches (see :mod:`~airflow_provider_raybatch.pipeline.watchdog`).
+        holds the unfinished batches (see :mod:`~airflow_provider_raybatch.pipeline.execution.watchdog`).
         None: no limit (Ray Data's own no-progress guard is off then too).
     """
 

@@ -1,4 +1,9 @@
-"""Errors raised by the pipeline; each message names the path, column, stage or setting at fault."""
+"""The provider's errors, all under :class:`RayBatchError`; each message names the path, column,
+stage, connection or setting at fault.
+
+Retryable unless a :class:`NotRetryableError`: the operator fails a task at once on one of those
+(a retry would fail the same way) and lets Airflow retry any other.
+"""
 
 #: Exit status of a Ray Job that failed with a :class:`NotRetryableError`.
 NOT_RETRYABLE_EXIT = 3
@@ -76,3 +81,23 @@ class OutputSchemaError(StageError, NotRetryableError):
 
 class RowKeyError(StageError, NotRetryableError):
     """The ``id_column`` of a range is not a row key: null or duplicated ids, or a type a stage changed."""
+
+
+class OutputBusyError(RayBatchError):
+    """Another writer holds the output's lease; retrying later may pass once it has finished or died."""
+
+
+class LeaseLostError(RayBatchError):
+    """This writer's lease was taken over: it must publish and commit nothing more."""
+
+
+class RayJobsError(RayBatchError):
+    """A Ray cluster's Jobs API could not be reached or refused a request; the message says why."""
+
+
+class JobDeadlineExceeded(RayJobsError):
+    """The task's deadline passed while its Ray job was still running."""
+
+
+class JobAlreadyExists(RayJobsError):
+    """A job with this submission id exists already (another try submitted it)."""

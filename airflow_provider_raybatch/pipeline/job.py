@@ -16,10 +16,10 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ERROR_PREFIX, NOT_RETRYABLE_EXIT, NotRetryableError
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.storage import read_json, write_json
+from airflow_provider_raybatch.pipeline.store.files import read_json, write_json
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.pipeline.partitions import Partition
@@ -78,8 +78,8 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     spec: dict[str, Any] = json.loads(argv[0])
     from airflow_provider_raybatch.pipeline.partitions import plan_partitions
-    from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+    from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 
     submission_id, namespace, partitions = spec["submission_id"], spec.get("namespace"), spec.get("plan_partitions")
     try:
@@ -106,6 +106,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from airflow_provider_raybatch.pipeline.process import exit_now
+    from airflow_provider_raybatch.pipeline.runtime.exit import exit_now
 
     exit_now(main(sys.argv[1:]))

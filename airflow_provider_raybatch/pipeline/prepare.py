@@ -15,14 +15,20 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.commit_log import PER_RANGE_RECORDS, PLAN_VERSION, SEGMENT_FANOUT
+from airflow_provider_raybatch.pipeline.commit.commit_log import PER_RANGE_RECORDS, PLAN_VERSION, SEGMENT_FANOUT
+from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
-from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger, PlanRecord
-from airflow_provider_raybatch.pipeline.planner import Plan, input_changes, limit_rows, plan_input, select_ranges
-from airflow_provider_raybatch.pipeline.stages import resolve_predictor
-from airflow_provider_raybatch.pipeline.storage import is_local, is_within, resolve, same_filesystem, static_prefix
+from airflow_provider_raybatch.pipeline.execution.predictors import resolve_predictor
+from airflow_provider_raybatch.pipeline.planning.planner import (
+    Plan,
+    input_changes,
+    limit_rows,
+    plan_input,
+    select_ranges,
+)
+from airflow_provider_raybatch.pipeline.store.files import is_local, is_within, resolve, same_filesystem, static_prefix
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError, ResourcesUnavailableError
-from airflow_provider_raybatch.pipeline.retries import seconds_from_env
+from airflow_provider_raybatch.pipeline.store.retries import seconds_from_env
 
 log = logging.getLogger(__name__)
 

@@ -22,16 +22,21 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.block_writer import WritingStageWorker, write_block, write_step_resources
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
-from airflow_provider_raybatch.pipeline.planner import Plan
+from airflow_provider_raybatch.pipeline.execution.block_writer import (
+    WritingStageWorker,
+    write_block,
+    write_step_resources,
+)
+from airflow_provider_raybatch.pipeline.execution.predictors import resolve_predictor, warm_imports
+from airflow_provider_raybatch.pipeline.execution.range_commits import RangeCommits
+from airflow_provider_raybatch.pipeline.execution.stages import StageWorker
+from airflow_provider_raybatch.pipeline.execution.watchdog import Watchdog
+from airflow_provider_raybatch.pipeline.planning.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
-from airflow_provider_raybatch.pipeline.range_commits import RangeCommits
-from airflow_provider_raybatch.pipeline.ray_runtime import prestart_workers, ray_session
 from airflow_provider_raybatch.pipeline.resources import READ_CPUS, wait_for_cluster_resources
-from airflow_provider_raybatch.pipeline.stages import StageWorker, resolve_predictor, warm_imports
+from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_workers, ray_session
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
-from airflow_provider_raybatch.pipeline.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +135,7 @@ def _stream(
     import ray
     from ray.data import DataContext
 
-    from airflow_provider_raybatch.pipeline.datasource import RangeDatasource
+    from airflow_provider_raybatch.pipeline.execution.datasource import RangeDatasource
 
     DataContext.get_current().enable_progress_bars = False  # progress goes to the log, see _Progress
     replicas = max(s.max_replicas for s in config.stages)

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import TooManyErrorsError
-from airflow_provider_raybatch.pipeline.planner import Plan
+from airflow_provider_raybatch.pipeline.planning.planner import Plan
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from airflow_provider_raybatch.pipeline.stages import import_object
-from airflow_provider_raybatch.pipeline.storage import resolve
+from airflow_provider_raybatch.pipeline.execution.predictors import import_object
+from airflow_provider_raybatch.pipeline.store.files import resolve
 
 
 class TorchPredictor:
@@ -30,7 +30,7 @@ class TorchPredictor:
     :param storage_options: fsspec options to read ``weights_path``.
     """
 
-    #: Imported ahead by the shared local Ray's warm workers (see ``pipeline.shared_ray.client``).
+    #: Imported ahead by the shared local Ray's warm workers (see ``pipeline.runtime.shared.client``).
     warm_imports = ("torch", "safetensors.torch")
 
     def __init__(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import asdict
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_raybatch.hooks.jobs_types import JobDeadlineExceeded, RayJobsError
+from airflow_provider_raybatch.hooks.jobs_types import WaitOutcome
 from airflow_provider_raybatch.hooks.ray import RayHook
+from airflow_provider_raybatch.pipeline.errors import JobDeadlineExceeded, RayJobsError
 
 
 class RayJobTrigger(BaseTrigger):
@@ -52,8 +52,9 @@ class RayJobTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """One event: the job's :class:`JobInfo` fields, or status ``TIMEOUT`` / ``ERROR`` and a message."""
-        event: dict[str, Any] = {"submission_id": self.submission_id}
+        """One event: ``submission_id``, ``outcome`` (a :class:`~airflow_provider_raybatch.hooks.jobs_types.WaitOutcome`), ``message``, and once
+        the job ended its ``status`` (a :class:`~airflow_provider_raybatch.hooks.jobs_types.JobStatus`) and ``driver_exit_code``."""
+        event: dict[str, Any] = {"submission_id": self.submission_id, "status": None, "driver_exit_code": None}
         try:
             info = await self.hook.await_for_job(
                 self.submission_id,
@@ -61,15 +62,20 @@ class RayJobTrigger(BaseTrigger):
                 deadline=self.deadline,
                 log_line=lambda line: self.log.info("[ray job] %s", line),
             )
-            event.update(asdict(info))
+            event.update(
+                outcome=WaitOutcome.ENDED.value,
+                status=info.status.value,
+                message=info.message,
+                driver_exit_code=info.driver_exit_code,
+            )
         except JobDeadlineExceeded as e:
             try:
                 await self.hook.astop_job(self.submission_id)
-                event.update(status="TIMEOUT", message=f"{e}; the job was stopped")
+                event.update(outcome=WaitOutcome.TIMED_OUT.value, message=f"{e}; the job was stopped")
             except RayJobsError as stop_error:
-                event.update(status="TIMEOUT", message=f"{e}; stopping the job failed: {stop_error}")
+                event.update(outcome=WaitOutcome.TIMED_OUT.value, message=f"{e}; stopping the job failed: {stop_error}")
         except RayJobsError as e:
-            event.update(status="ERROR", message=str(e))
+            event.update(outcome=WaitOutcome.UNREACHABLE.value, message=str(e))
         yield TriggerEvent(event)
 
     async def on_kill(self) -> None:

@@ -44,7 +44,7 @@ import httpx
 import pytest
 
 from airflow_provider_raybatch.examples import digits
-from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
+from airflow_provider_raybatch.pipeline.runtime.shared.head import stop_shared_heads
 from tests.conftest import free_port
 from tests.data import assert_output_sound
 from tests.postgres import PostgresServer, postgres_server

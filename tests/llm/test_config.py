@@ -87,7 +87,7 @@ def test_each_engine_decides_its_gpus_and_its_stage():
     assert vllm.predictor == "airflow_provider_raybatch.llm.processors:build_vllm_transform"
     (hf,) = build_stages(task, EngineConfig("transformers", "m"), ReplicaResources(num_gpus=None, memory=2**30))
     assert type(hf).__name__ == "Stage" and (hf.num_gpus, hf.memory, hf.batch_size) == (0, 2**30, 256)
-    assert hf.predictor == "airflow_provider_raybatch.llm.transformers_engine:TransformersChat"
+    assert hf.predictor == "airflow_provider_raybatch.llm.engines.transformers:TransformersChat"
     (default,) = build_stages(task, EngineConfig("transformers", "m"))  # no resources: 16 rows, 1 CPU, engine's GPUs
     assert (default.batch_size, default.num_cpus, default.num_gpus, default.concurrency) == (16, 1, 0, 1)
     assert get_engine("openai").needs_endpoint and not get_engine("vllm").needs_endpoint

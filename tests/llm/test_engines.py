@@ -21,7 +21,7 @@ from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
 from airflow_provider_raybatch.llm.engines import get_engine
 from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, processor_transform, reserve
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TooManyErrorsError
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.llm.images import CORRUPT, write_images
 from tests.pipeline.test_runner import RECORD_EACH_RANGE, commit_count, kill_leftovers

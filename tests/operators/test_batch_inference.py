@@ -12,7 +12,7 @@ import pytest
 from airflow.sdk import DAG, Param
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_raybatch.credentials import storage_options
+from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 from airflow_provider_raybatch.pipeline import Stage
 from tests.conftest import run_dag

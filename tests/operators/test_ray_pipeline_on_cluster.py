@@ -14,8 +14,8 @@ import pytest
 
 from airflow_provider_raybatch.hooks.jobs_client import run_sync
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.pipeline import input_files
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
+from airflow_provider_raybatch.pipeline.planning import input_files
 from tests.conftest import REPO, run_dag
 from tests.data import assert_exactly_once, read_output, write_input
 from tests.operators.cluster_dags import CONN_ID, LOGICAL_DATE, cluster_dag, mapped_cluster_dag

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from airflow_provider_raybatch.pipeline.lease import LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.data import assert_output_sound, read_output, write_input
@@ -142,8 +142,8 @@ def test_a_range_committed_under_a_replaced_plan_is_found_by_the_verifier_and_re
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-    from airflow_provider_raybatch.pipeline.verify import verify_output
+    from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+    from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 
     write_input(tmp_path / "in", [200])
     output = tmp_path / "out"

@@ -6,11 +6,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline.datasource import group_ranges
-from airflow_provider_raybatch.pipeline.planner import plan_input
+from airflow_provider_raybatch.pipeline.execution.datasource import group_ranges
+from airflow_provider_raybatch.pipeline.execution.range_reader import read_ranges
+from airflow_provider_raybatch.pipeline.planning.planner import plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from airflow_provider_raybatch.pipeline.stages import read_ranges
-from airflow_provider_raybatch.pipeline.storage import resolve
+from airflow_provider_raybatch.pipeline.store.files import resolve
 from tests.data import assert_output_sound, write_input
 from tests.pipeline.test_runner import commit_count, config
 

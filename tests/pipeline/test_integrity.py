@@ -18,6 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.errors import (
     InputChangedError,
     InputError,
@@ -25,12 +27,10 @@ from airflow_provider_raybatch.pipeline.errors import (
     OutputSchemaError,
     RowKeyError,
 )
-from airflow_provider_raybatch.pipeline.input_files import read_file_info
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
-from airflow_provider_raybatch.pipeline.planner import input_changes, plan_input
+from airflow_provider_raybatch.pipeline.planning.input_files import read_file_info
+from airflow_provider_raybatch.pipeline.planning.planner import input_changes, plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from airflow_provider_raybatch.pipeline.verify import verify_output
 from tests.data import assert_output_sound, features_table, read_output, write_input
 from tests.pipeline.test_runner import commit_count, config
 

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder, LeaseLostError, OutputBusyError
-from airflow_provider_raybatch.pipeline.storage import resolve
+from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
+from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.store.files import resolve
 
 
 def lease(path: str, holder: LeaseHolder | None = None, timeout_s: float = 60.0, storage_options=None) -> Lease:
@@ -114,8 +115,8 @@ def test_the_lease_of_a_killed_process_on_this_host_is_taken_at_once(tmp_path):
     path = str(tmp_path / "lease")
     code = (
         "import sys, time\n"
-        "from airflow_provider_raybatch.pipeline.lease import Lease, LeaseHolder\n"
-        "from airflow_provider_raybatch.pipeline.storage import resolve\n"
+        "from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder\n"
+        "from airflow_provider_raybatch.pipeline.store.files import resolve\n"
         "fs, folder = resolve(sys.argv[1])\n"
         "Lease(fs, folder, sys.argv[1], LeaseHolder(run_key='d/r/t/-1', try_number=1), 3600).acquire()\n"
         "print('held', flush=True)\n"

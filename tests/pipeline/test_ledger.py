@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline.commit_log import PLAN_VERSION, SEGMENT_FANOUT
-from airflow_provider_raybatch.pipeline.lease import LeaseLostError
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger, PlanRecord
+from airflow_provider_raybatch.pipeline.commit.commit_log import PLAN_VERSION, SEGMENT_FANOUT
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord
+from airflow_provider_raybatch.pipeline.errors import LeaseLostError
 from tests.data import OpenRecordingFileSystem
 
 

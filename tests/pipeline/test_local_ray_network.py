@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_raybatch.pipeline.shared_ray.folder import read_record
-from airflow_provider_raybatch.pipeline.shared_ray.processes import head_processes
+from airflow_provider_raybatch.pipeline.runtime.shared.folder import read_record
+from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import head_processes
 from tests.pipeline import test_shared_ray
 from tests.pipeline.test_shared_ray import REPO, Task
 
@@ -119,7 +119,7 @@ def test_every_port_of_the_shared_ray_and_of_a_task_on_it_is_on_loopback(shared,
 PER_TASK = """
 import os, sys, time
 import ray
-from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 with ray_session():
     print("WORKER", ray.get(ray.remote(lambda: os.getpid()).remote()), flush=True)
     while not os.path.exists(sys.argv[1]):

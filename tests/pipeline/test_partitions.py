@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.partitions import Partition, plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from airflow_provider_raybatch.pipeline.storage import resolve
+from airflow_provider_raybatch.pipeline.store.files import resolve
 from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 from tests.pipeline.test_runner import RECORD_EACH_RANGE, commit_count, config, kill_leftovers, run_in_subprocess
 

@@ -6,13 +6,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import InputError
-from airflow_provider_raybatch.pipeline.input_files import (
+from airflow_provider_raybatch.pipeline.planning.input_files import (
     RAY_FOOTERS_MIN_FILES_ENV,
     read_footers_on_ray,
     read_footers_threaded,
 )
-from airflow_provider_raybatch.pipeline.planner import input_changes, plan_input
-from airflow_provider_raybatch.pipeline.storage import resolve
+from airflow_provider_raybatch.pipeline.planning.planner import input_changes, plan_input
+from airflow_provider_raybatch.pipeline.store.files import resolve
 from tests.data import OpenRecordingFileSystem, features_table, write_input
 
 

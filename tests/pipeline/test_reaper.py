@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 # reader (a log shipper tailing it), and a writer somewhere else (an unrelated process).
 OWNER = """
 import json, os, subprocess, sys, time
-from airflow_provider_raybatch.pipeline.reaper import start_reaper
+from airflow_provider_raybatch.pipeline.runtime.reaper import start_reaper
 root, how = sys.argv[1], sys.argv[2]
 reaper = start_reaper()
 session = os.path.join(root, f"session_2026-01-01_00-00-00_000000_{os.getpid()}", "logs")
@@ -105,7 +105,7 @@ TASK = """
 import logging, sys, time
 logging.basicConfig(level=logging.INFO)
 import ray
-from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 
 @ray.remote
 class Busy:

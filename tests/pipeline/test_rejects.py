@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooManyErrorsError, TransformStage
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.range_commits import RECORD_INTERVAL_ENV
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_INTERVAL_ENV
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.data import write_input
 from tests.pipeline.test_runner import commit_count

@@ -19,13 +19,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.planner import recorded_ranges
-from airflow_provider_raybatch.pipeline.range_commits import RECORD_INTERVAL_ENV
+from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_INTERVAL_ENV
+from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
-from airflow_provider_raybatch.pipeline.verify import verify_output
 from benchmarks.common import kill_ray_leftovers, ray_processes_of
 from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
@@ -590,7 +590,7 @@ GPU_SCRIPT = """
 import json, logging, sys
 import ray
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
-from airflow_provider_raybatch.pipeline.ray_runtime import python_path_runtime_env
+from airflow_provider_raybatch.pipeline.runtime.local_ray import python_path_runtime_env
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.pipeline.test_runner import PlanRecorder
 # A GPU declared to Ray (none is there): the model stage reserves it, and its code runs on CPU.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from airflow_provider_raybatch.pipeline.schemes import AZURE, GCS, S3, options_for, store_of
+from airflow_provider_raybatch.pipeline.store.urls import AZURE, GCS, S3, options_for, store_of
 
 
 def test_each_scheme_maps_to_its_store_and_connection_argument():

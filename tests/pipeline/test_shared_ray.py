@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
-from airflow_provider_raybatch.pipeline.shared_ray.client import JOB_ENV_FILE_ENV, apply_job_environment
-from airflow_provider_raybatch.pipeline.shared_ray.folder import read_record
-from airflow_provider_raybatch.pipeline.shared_ray.head import stop_shared_heads
-from airflow_provider_raybatch.pipeline.shared_ray.processes import head_processes
-from airflow_provider_raybatch.pipeline.shared_ray.settings import LocalRaySettings, head_dir
+from airflow_provider_raybatch.pipeline.runtime.shared.client import JOB_ENV_FILE_ENV, apply_job_environment
+from airflow_provider_raybatch.pipeline.runtime.shared.folder import read_record
+from airflow_provider_raybatch.pipeline.runtime.shared.head import stop_shared_heads
+from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import head_processes
+from airflow_provider_raybatch.pipeline.runtime.shared.settings import LocalRaySettings, head_dir
 from tests.data import assert_output_sound, write_input
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc")
@@ -37,7 +37,7 @@ TASK = """
 import json, logging, os, subprocess, sys, time
 logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
 import ray
-from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 mode, release = sys.argv[1], sys.argv[2]
 busy = mode == "busy"
 
@@ -250,7 +250,7 @@ def test_a_sigkilled_task_leaves_no_worker_behind_and_the_head_serves_others_the
 PRESTART_TASK = """
 import json, os, sys, time
 import ray
-from airflow_provider_raybatch.pipeline.ray_runtime import prestart_workers, ray_session
+from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_workers, ray_session
 
 @ray.remote
 def probe():
@@ -473,7 +473,7 @@ def test_a_shared_ray_in_a_long_folder_starts_and_keeps_its_sessions_there(share
 PER_TASK_PROBE = """
 import os
 import ray
-from airflow_provider_raybatch.pipeline.ray_runtime import ray_session
+from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 with ray_session():
     session = ray._private.worker._global_node.get_session_dir_path()
     print("RAN", ray.get(ray.remote(lambda: os.getpid()).remote()), os.path.realpath(session), flush=True)
@@ -498,7 +498,7 @@ def test_a_per_task_ray_under_a_long_ray_tmpdir_starts_and_keeps_its_sessions_th
 
 def test_a_folder_too_long_for_rays_sockets_gets_a_short_link_or_a_config_error_naming_the_setting(tmp_path):
     # Imported here: without it, only this test fails, not the module.
-    from airflow_provider_raybatch.pipeline.shared_ray.settings import ray_temp_dir
+    from airflow_provider_raybatch.pipeline.runtime.shared.settings import ray_temp_dir
 
     links = Path(tempfile.mkdtemp(prefix="l", dir="/tmp"))  # as short as /tmp/rbray-<uid> with a long uid
     try:

@@ -17,14 +17,14 @@ import pytest
 import s3fs
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.errors import NotRetryableError, StoreUnavailableError
-from airflow_provider_raybatch.pipeline.input_files import read_file_info
-from airflow_provider_raybatch.pipeline.planner import plan_input
-from airflow_provider_raybatch.pipeline.retries import STORE_RETRY_ENV
+from airflow_provider_raybatch.pipeline.execution.range_reader import read_ranges
+from airflow_provider_raybatch.pipeline.planning.input_files import read_file_info
+from airflow_provider_raybatch.pipeline.planning.planner import plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from airflow_provider_raybatch.pipeline.stages import read_ranges
+from airflow_provider_raybatch.pipeline.store.retries import STORE_RETRY_ENV
 from airflow_provider_raybatch.pipeline.summary import RunSummary
-from airflow_provider_raybatch.pipeline.verify import verify_output
 from tests.data import features_table
 from tests.fault_proxy import FaultProxy, Rule
 
@@ -261,7 +261,7 @@ def test_a_whole_output_writer_and_a_partition_writer_starting_together_never_bo
     import dataclasses
     import threading
 
-    from airflow_provider_raybatch.pipeline.lease import OutputBusyError
+    from airflow_provider_raybatch.pipeline.errors import OutputBusyError
     from airflow_provider_raybatch.pipeline.partitions import plan_partitions
     from airflow_provider_raybatch.pipeline.prepare import prepare
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import StageError
-from airflow_provider_raybatch.pipeline.tensors import column_to_numpy, output_to_table
+from airflow_provider_raybatch.pipeline.execution.tensors import column_to_numpy, output_to_table
 
 
 def fixed_size(values: np.ndarray, *shape: int) -> pa.Array:

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from airflow_provider_raybatch.pipeline.verify import verify_output
 from tests.data import write_input
 from tests.pipeline.test_runner import config
 

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TransformStage
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.errors import ConfigError, NoProgressError, NotRetryableError
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.planner import Plan, RowRange
+from airflow_provider_raybatch.pipeline.execution.watchdog import Watchdog
+from airflow_provider_raybatch.pipeline.planning.planner import Plan, RowRange
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import Progress
-from airflow_provider_raybatch.pipeline.verify import verify_output
-from airflow_provider_raybatch.pipeline.watchdog import Watchdog
 from tests.data import assert_exactly_once, assert_output_sound, read_output, write_input
 
 

@@ -8,13 +8,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_raybatch.pipeline.block_writer import RECEIPT_SUFFIX, write_block
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.errors import ConfigError
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.execution.block_writer import RECEIPT_SUFFIX, write_block
+from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_INTERVAL_ENV, RangeCommits
+from airflow_provider_raybatch.pipeline.execution.range_reader import read_ranges
 from airflow_provider_raybatch.pipeline.prepare import prepare
-from airflow_provider_raybatch.pipeline.range_commits import RECORD_INTERVAL_ENV, RangeCommits
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from airflow_provider_raybatch.pipeline.stages import read_ranges
 from airflow_provider_raybatch.pipeline.summary import Progress
 from tests.data import assert_exactly_once, assert_output_sound, read_output, write_input
 from tests.pipeline.test_runner import config

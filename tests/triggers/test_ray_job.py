@@ -49,7 +49,9 @@ def test_the_trigger_streams_the_job_s_log_and_fires_its_status(hook, capfd):
         return sid, [event async for event in trigger.run()]
 
     sid, events = asyncio.run(scenario())
-    assert [e.payload["status"] for e in events] == ["SUCCEEDED"] and events[0].payload["submission_id"] == sid
+    assert [(e.payload["outcome"], e.payload["status"]) for e in events] == [("ended", "SUCCEEDED")] and events[
+        0
+    ].payload["submission_id"] == sid
     logged = capfd.readouterr().out  # Airflow's structlog writes the trigger's log lines here
     assert logged.index("[ray job] first line") < logged.index("[ray job] second line")
 
@@ -63,7 +65,7 @@ def test_past_the_deadline_the_job_is_stopped_and_the_task_times_out(hook):
         return events, await wait_until(hook, sid, ("STOPPED",))
 
     events, status = asyncio.run(scenario())
-    assert events[0].payload["status"] == "TIMEOUT" and status == "STOPPED"
+    assert (events[0].payload["outcome"], events[0].payload["status"], status) == ("timeout", None, "STOPPED")
     assert events[0].payload["message"].endswith("at the task's deadline; the job was stopped")
 
 
@@ -72,7 +74,10 @@ def test_a_connection_that_names_no_cluster_fires_an_error():
         return [event async for event in RayJobTrigger(ray_conn_id="ray_gone", submission_id="s").run()]
 
     (event,) = asyncio.run(scenario())
-    assert event.payload["status"] == "ERROR" and "'ray_gone' names no Ray cluster" in event.payload["message"]
+    assert (event.payload["outcome"], event.payload["status"]) == (
+        "error",
+        None,
+    ) and "'ray_gone' names no Ray cluster" in event.payload["message"]
 
 
 def test_on_kill_stops_the_job_and_cleanup_does_not(hook):

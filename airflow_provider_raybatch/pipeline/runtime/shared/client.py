@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import NoProgressError
-from airflow_provider_raybatch.pipeline.reaper import close_in_forked_children, forget
-from airflow_provider_raybatch.pipeline.shared_ray.folder import (
+from airflow_provider_raybatch.pipeline.runtime.reaper import close_in_forked_children, forget
+from airflow_provider_raybatch.pipeline.runtime.shared.folder import (
     locked,
     private_dir,
     read_warm,
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 #: In a job's runtime_env: the file holding the task's environment, for :func:`apply_job_environment`.
 JOB_ENV_FILE_ENV = "RAYBATCH_JOB_ENV"
-SETUP_HOOK = "airflow_provider_raybatch.pipeline.shared_ray.client.apply_job_environment"
+SETUP_HOOK = "airflow_provider_raybatch.pipeline.runtime.shared.client.apply_job_environment"
 #: In a job's runtime_env: modules a warm worker imports once it has the task's environment.
 PRELOAD_ENV = "RAYBATCH_PRELOAD"
 

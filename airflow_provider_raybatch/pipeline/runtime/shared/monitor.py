@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.shared_ray.folder import (
+from airflow_provider_raybatch.pipeline.runtime.shared.folder import (
     RECORD_FORMAT,
     START_ATTEMPTS,
     START_TIMEOUT_S,
@@ -26,7 +26,7 @@ from airflow_provider_raybatch.pipeline.shared_ray.folder import (
     tail,
     write_record,
 )
-from airflow_provider_raybatch.pipeline.shared_ray.processes import free_port, kill_head, start_time
+from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import free_port, kill_head, start_time
 
 _READY_LINE = "Ray runtime started"
 

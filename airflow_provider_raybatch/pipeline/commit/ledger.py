@@ -42,13 +42,12 @@ from typing import Any
 import pyarrow as pa
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.commit_log import OUTPUT_SCOPE, PLAN_VERSION, CommitLog
+from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE, PLAN_VERSION, CommitLog
+from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
+from airflow_provider_raybatch.pipeline.commit.output_schema import schema_from_json, schema_to_json
 from airflow_provider_raybatch.pipeline.errors import ConfigError, RayBatchError
-from airflow_provider_raybatch.pipeline.faults import crash_point
-from airflow_provider_raybatch.pipeline.planner import recorded_ranges
-from airflow_provider_raybatch.pipeline.retries import retry_transient
-from airflow_provider_raybatch.pipeline.schemas import schema_from_json, schema_to_json
-from airflow_provider_raybatch.pipeline.storage import (
+from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
+from airflow_provider_raybatch.pipeline.store.files import (
     create_file,
     ensure_folder,
     fsync,
@@ -58,6 +57,7 @@ from airflow_provider_raybatch.pipeline.storage import (
     resolve,
     write_json,
 )
+from airflow_provider_raybatch.pipeline.store.retries import retry_transient
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.shared_ray.folder import private_dir
+from airflow_provider_raybatch.pipeline.runtime.shared.folder import private_dir
 
 MODE_ENV = "RAYBATCH_LOCAL_RAY"
 IDLE_TIMEOUT_ENV = "RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S"
@@ -27,7 +27,7 @@ DEFAULT_IDLE_TIMEOUT_S = 600.0
 #: Windows. Elsewhere it turns 127.0.0.1 (given as the node's address, or as an address to connect to) into the
 #: host's outward address, and its GCS, raylet, client server and agents listen on every interface. Ray reads this
 #: when it is imported; on Linux it changes nothing else (see
-#: :mod:`airflow_provider_raybatch.pipeline.ray_runtime`).
+#: :mod:`airflow_provider_raybatch.pipeline.runtime.local_ray`).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 #: The longest path of an AF_UNIX socket, in bytes (Linux's 108 with the final NUL). Ray checks its sockets' paths
 #: against it as it starts, and fails.

@@ -40,9 +40,8 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.errors import RayBatchError
-from airflow_provider_raybatch.pipeline.lease import LeaseLostError
-from airflow_provider_raybatch.pipeline.storage import absent, exists, ls, read_json, write_json
+from airflow_provider_raybatch.pipeline.errors import LeaseLostError, RayBatchError
+from airflow_provider_raybatch.pipeline.store.files import absent, exists, ls, read_json, write_json
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.reaper import processes_writing
+from airflow_provider_raybatch.pipeline.runtime.reaper import processes_writing
 
 #: Set in the head's environment (so in every process of the head): how leftovers are found.
 HEAD_MARK_ENV = "RAYBATCH_SHARED_RAY"

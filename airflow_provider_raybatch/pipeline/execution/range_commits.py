@@ -31,14 +31,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline.block_writer import OUTPUT, RECEIPT_SUFFIX, REJECTS, key_problem
+from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.commit.output_schema import promotion_needed, schema_mismatch
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, RayBatchError, RowKeyError
-from airflow_provider_raybatch.pipeline.faults import crash_point
-from airflow_provider_raybatch.pipeline.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.planner import Plan, RowRange
-from airflow_provider_raybatch.pipeline.retries import seconds_from_env
-from airflow_provider_raybatch.pipeline.schemas import promotion_needed, schema_mismatch
+from airflow_provider_raybatch.pipeline.execution.block_writer import OUTPUT, RECEIPT_SUFFIX, REJECTS, key_problem
+from airflow_provider_raybatch.pipeline.planning.planner import Plan, RowRange
+from airflow_provider_raybatch.pipeline.store.retries import seconds_from_env
 from airflow_provider_raybatch.pipeline.summary import Progress
 
 log = logging.getLogger(__name__)

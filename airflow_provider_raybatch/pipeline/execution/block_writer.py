@@ -28,22 +28,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.columns import ENGINE_ERROR, INTERNAL_PREFIX, KEEP_PREFIX, RANGE_COLUMN
+from airflow_provider_raybatch.pipeline.commit.ledger import tmp_name
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.errors import RayBatchError, StageError
-from airflow_provider_raybatch.pipeline.ledger import tmp_name
-from airflow_provider_raybatch.pipeline.retries import retry_transient
-from airflow_provider_raybatch.pipeline.stages import (
-    ENGINE_ERROR,
-    INTERNAL_PREFIX,
-    KEEP_PREFIX,
-    RANGE_COLUMN,
+from airflow_provider_raybatch.pipeline.execution.stages import (
     StageWorker,
     output_columns,
     rejects_table,
     split_by_range,
     split_rejected,
 )
-from airflow_provider_raybatch.pipeline.storage import is_local
+from airflow_provider_raybatch.pipeline.store.files import is_local
+from airflow_provider_raybatch.pipeline.store.retries import retry_transient
 
 OUTPUT, REJECTS = "output", "rejects"
 #: A write step's receipt in the temporary folder: ``block-<block id>`` + this.

@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError
-from airflow_provider_raybatch.pipeline.retries import retry_transient
-from airflow_provider_raybatch.pipeline.storage import GLOB_CHARS, is_hidden, static_prefix
+from airflow_provider_raybatch.pipeline.store.files import GLOB_CHARS, is_hidden, static_prefix
+from airflow_provider_raybatch.pipeline.store.retries import retry_transient
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.reaper import start_reaper
-from airflow_provider_raybatch.pipeline.shared_ray.auth import restore_auth, use_head_token
-from airflow_provider_raybatch.pipeline.shared_ray.client import SharedRayClient
-from airflow_provider_raybatch.pipeline.shared_ray.head import join_shared_head
-from airflow_provider_raybatch.pipeline.shared_ray.settings import (
+from airflow_provider_raybatch.pipeline.runtime.reaper import start_reaper
+from airflow_provider_raybatch.pipeline.runtime.shared.auth import restore_auth, use_head_token
+from airflow_provider_raybatch.pipeline.runtime.shared.client import SharedRayClient
+from airflow_provider_raybatch.pipeline.runtime.shared.head import join_shared_head
+from airflow_provider_raybatch.pipeline.runtime.shared.settings import (
     LOOPBACK_ENV,
     LocalRaySettings,
     per_task_ray_dir,
@@ -40,7 +40,7 @@ def ray_session(
 
     With no address the pipeline runs on a local Ray whose workers get this process's
     ``sys.path``, so predictors importable here (a DAG folder module, a test module) are
-    importable there too. By default (``shared``, see :mod:`.shared_ray`) that is the host's warm
+    importable there too. By default (``shared``, see :mod:`.shared`) that is the host's warm
     shared Ray, started by the first task that needs it and stopped when idle; this task is a
     driver of its own job there, its workers get its environment, and at the end it only
     disconnects (Ray ends its job's workers, also when this process is SIGKILLed).
@@ -52,7 +52,7 @@ def ray_session(
     :param namespace: the Ray namespace to join.
     :param local: how to get a local Ray; None: from the environment (:meth:`.LocalRaySettings.from_env`).
     :param preload: on the shared Ray, modules its warm workers for this task import ahead
-        (see :mod:`.shared_ray.client`).
+        (see :mod:`.shared.client`).
     :return: on the shared Ray, this task's client, with which it takes its turn for resources
         (:meth:`.SharedRayClient.take_share`); otherwise None.
     """
@@ -115,7 +115,7 @@ def prestart_workers(count: int, keep_alive_s: float | None = None) -> bool:
     :param count: worker processes to start.
     :param keep_alive_s: None: workers of this job, for its replicas, read and write tasks.
         Otherwise warm workers for no job yet, which the next job with an equal ``runtime_env``
-        gets (see :mod:`.shared_ray.client`), kept this long while unused.
+        gets (see :mod:`.shared.client`), kept this long while unused.
     :return: whether the local raylet took the request.
     """
     if count < 1:

@@ -14,8 +14,8 @@ from typing import Any
 import fsspec
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.retries import is_transient, retry_transient
-from airflow_provider_raybatch.pipeline.schemes import options_for
+from airflow_provider_raybatch.pipeline.store.retries import is_transient, retry_transient
+from airflow_provider_raybatch.pipeline.store.urls import options_for
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def resolve(path: str, storage_options: dict[str, Any] | None = None) -> tuple[A
     """Return the filesystem for ``path`` and the path as that filesystem spells it.
 
     ``storage_options`` (credentials, endpoint) apply to remote paths only: one filesystem's options,
-    or options keyed by store (``{"s3": {...}, "gs": {...}}``, see :func:`.schemes.options_for`).
+    or options keyed by store (``{"s3": {...}, "gs": {...}}``, see :func:`.urls.options_for`).
     """
     fs, fs_path = fsspec.core.url_to_fs(path, **options_for(path, storage_options))
     return fs, fs_path.rstrip("/") or "/"

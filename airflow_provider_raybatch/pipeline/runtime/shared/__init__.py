@@ -31,7 +31,7 @@ the task's environment), and a task that ends leaves warm workers for the next t
 same environment: see :mod:`.client`.
 
 Modules: :mod:`.settings` (the mode and its environment variables, the folder's name),
-:mod:`.folder` (lock, record, client locks, environments, warm counts), :mod:`.processes` (telling the head's processes
+:mod:`.folder` (lock, record, client locks, environments, warm counts), :mod:`.head_processes` (telling the head's processes
 apart, stopping them), :mod:`.client` (a connected task, its workers' environment),
 :mod:`.head` (the task's side: join, start, replace, stop), :mod:`.monitor` (the detached
 monitor), :mod:`.auth` (presenting the head's token).

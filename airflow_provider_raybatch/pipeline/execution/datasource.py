@@ -15,8 +15,8 @@ from fsspec import AbstractFileSystem
 from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
-from airflow_provider_raybatch.pipeline.planner import Plan
-from airflow_provider_raybatch.pipeline.stages import read_ranges
+from airflow_provider_raybatch.pipeline.execution.range_reader import read_ranges
+from airflow_provider_raybatch.pipeline.planning.planner import Plan
 
 
 class RangeDatasource(Datasource):

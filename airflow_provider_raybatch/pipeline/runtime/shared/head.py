@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import airflow_provider_raybatch
-from airflow_provider_raybatch.pipeline.shared_ray.client import SharedRayClient
-from airflow_provider_raybatch.pipeline.shared_ray.folder import (
+from airflow_provider_raybatch.pipeline.runtime.shared.client import SharedRayClient
+from airflow_provider_raybatch.pipeline.runtime.shared.folder import (
     RECORD_FORMAT,
     START_ATTEMPTS,
     START_TIMEOUT_S,
@@ -30,14 +30,14 @@ from airflow_provider_raybatch.pipeline.shared_ray.folder import (
     remove_record,
     tail,
 )
-from airflow_provider_raybatch.pipeline.shared_ray.processes import (
+from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import (
     HEAD_MARK_ENV,
     alive,
     answers,
     kill_head,
     start_time,
 )
-from airflow_provider_raybatch.pipeline.shared_ray.settings import (
+from airflow_provider_raybatch.pipeline.runtime.shared.settings import (
     LOOPBACK_ENV,
     LocalRaySettings,
     dir_setting,
@@ -54,7 +54,7 @@ _HEAD_ENV = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|LANG|LANGUAGE|LC_[A-Z]+|
 # The monitor runs isolated (-I: no PYTHONPATH, no user site) with the provider's own folder first.
 _MONITOR_BOOT = (
     "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from airflow_provider_raybatch.pipeline.shared_ray.monitor import main; sys.exit(main(sys.argv[1:]))"
+    "from airflow_provider_raybatch.pipeline.runtime.shared.monitor import main; sys.exit(main(sys.argv[1:]))"
 )
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from airflow_provider_raybatch.pipeline.commit.ledger import REJECTS_DIR, OutputLedger
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN
-from airflow_provider_raybatch.pipeline.ledger import REJECTS_DIR, OutputLedger
 
 #: Faults listed per kind before the rest are counted.
 SHOWN = 5

@@ -19,14 +19,14 @@ import pyarrow as pa
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import InputError
-from airflow_provider_raybatch.pipeline.input_files import (
+from airflow_provider_raybatch.pipeline.planning.input_files import (
     FINGERPRINT_FIELDS,
     FooterReader,
     InputFile,
     list_input_files,
     read_footers,
 )
-from airflow_provider_raybatch.pipeline.retries import retry_transient
+from airflow_provider_raybatch.pipeline.store.retries import retry_transient
 
 
 @dataclass(frozen=True)

@@ -29,18 +29,10 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.errors import RayBatchError
-from airflow_provider_raybatch.pipeline.storage import create_file, ls, read_json, write_json
+from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.store.files import create_file, ls, read_json, write_json
 
 log = logging.getLogger(__name__)
-
-
-class OutputBusyError(RayBatchError):
-    """Another writer holds the lease; retrying later may pass once it has finished or died."""
-
-
-class LeaseLostError(RayBatchError):
-    """This writer's lease was taken over: it must publish and commit nothing more."""
 
 
 @dataclass(frozen=True)
@@ -229,7 +221,7 @@ class Lease:
         """Create ``path`` only if it does not exist; False when another writer created it first.
 
         A create whose reply was lost and that the client then retried is refused by the store
-        although it won: :func:`.storage.create_file` reads the object back, and the record (this
+        although it won: :func:`.files.create_file` reads the object back, and the record (this
         holder, this moment) tells this writer's own from another's.
         """
         return create_file(self.fs, path, json.dumps(asdict(record), indent=1, sort_keys=True).encode())

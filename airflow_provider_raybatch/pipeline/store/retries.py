@@ -9,7 +9,7 @@ cannot change (a corrupt file, a missing object, a refused credential), and
 before it gives up with a retryable :class:`.errors.StoreUnavailableError`.
 
 Writes are idempotent here only where retrying them cannot do harm (the same bytes to the same
-name); a write whose outcome stays unknown is resolved by reading it back (:mod:`.storage`).
+name); a write whose outcome stays unknown is resolved by reading it back (:mod:`.files`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,25 @@
+"""The internal columns rows carry through the stages, never shown to a predictor.
+
+The range a row belongs to (so the driver knows when a range is complete), the input columns
+kept for the output (so a predictor in the style of Ray's guide, which returns only its outputs,
+still gets them written beside its results), and, once a stage rejects a row, why.
+
+A stage rejects rows by returning a column ``REJECT_COLUMN`` holding a reason (None for rows it
+accepts) and optionally ``REJECT_KIND_COLUMN`` (``INVALID_INPUT`` or ``ENGINE_ERROR``, the
+default). Later stages never see rejected rows; they are written to the rejects output.
+"""
+
+from __future__ import annotations
+
+INTERNAL_PREFIX = "__raybatch_"
+RANGE_COLUMN = "__raybatch_range"
+KEEP_PREFIX = "__raybatch_keep:"
+#: Why a stage rejected a row (null: accepted).
+REJECT_COLUMN = "__raybatch_reject"
+#: What kind of rejection: INVALID_INPUT (never reached a model) or ENGINE_ERROR (a model failed on it).
+REJECT_KIND_COLUMN = "__raybatch_reject_kind"
+INVALID_INPUT = "invalid_input"
+ENGINE_ERROR = "engine_error"
+REJECT_COLUMNS = (REJECT_COLUMN, REJECT_KIND_COLUMN)
+# Row ids derived from (file, row): rows per file up to 2**40, files up to 2**23.
+ROW_ID_FILE_SHIFT = 40

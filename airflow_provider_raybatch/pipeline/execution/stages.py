@@ -1,0 +1,169 @@
+"""The wrapper Ray Data runs around each user predictor (:class:`StageWorker`), and what becomes
+of rows a stage rejects. Rows carry internal columns through the stages (:mod:`airflow_provider_raybatch.pipeline.columns`)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_raybatch.pipeline.columns import (
+    ENGINE_ERROR,
+    INTERNAL_PREFIX,
+    KEEP_PREFIX,
+    RANGE_COLUMN,
+    REJECT_COLUMN,
+    REJECT_COLUMNS,
+    REJECT_KIND_COLUMN,
+)
+from airflow_provider_raybatch.pipeline.config import Stage
+from airflow_provider_raybatch.pipeline.errors import StageError
+from airflow_provider_raybatch.pipeline.execution.predictors import resolve_predictor
+from airflow_provider_raybatch.pipeline.execution.tensors import output_to_table, table_to_numpy
+
+
+class StageWorker:
+    """The callable class Ray Data runs per replica: builds the predictor once, then maps batches."""
+
+    def __init__(self, stage: Stage):
+        self.name = stage.display_name
+        self.batch_format = stage.batch_format
+        # Replicas on CPUs get whole blocks from Ray Data (see the runner) and slice them here.
+        self.rows_per_call = stage.batch_size if stage.cpus_only else None
+        target = resolve_predictor(stage)
+        if inspect.isclass(target):
+            self.fn, self.kwargs = target(**stage.predictor_kwargs), {}
+        else:
+            self.fn, self.kwargs = target, dict(stage.predictor_kwargs)
+
+    def __call__(self, table: pa.Table) -> Iterator[pa.Table]:
+        size = self.rows_per_call
+        if not size or table.num_rows <= size:
+            yield self._score(table)
+            return
+        # A whole block may hold many ranges (one read task reads a row group's): each run of
+        # whole ranges of about a batch goes on as soon as it is scored, so that its ranges are
+        # written and committed while the rest of the block is scored.
+        start = 0
+        for end in _cuts_between_ranges(table, size):
+            part = table.slice(start, end - start)
+            scored = [self._score(part.slice(i, size)) for i in range(0, part.num_rows, size)]
+            try:
+                # As Ray Data joins batches into a block: missing columns become nulls, numbers widen.
+                yield pa.concat_tables(scored, promote_options="permissive")
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+                raise StageError(f"stage {self.name!r} returned batches whose columns do not fit together: {e}") from e
+            start = end
+
+    def _score(self, table: pa.Table) -> pa.Table:
+        table, rejected = split_rejected(table)
+        if table.num_rows == 0:
+            return rejected
+        internal = [c for c in table.column_names if c.startswith(INTERNAL_PREFIX)]
+        user = table.drop_columns(internal)
+        if self.batch_format == "numpy":
+            batch: Any = table_to_numpy(user)
+        elif self.batch_format == "pandas":
+            batch = user.to_pandas()
+        else:
+            batch = user
+        result = output_to_table(self.fn(batch, **self.kwargs), self.name, table.num_rows)
+        result, reasons, kinds = self._take_rejects(result)
+        for name in internal:
+            if name not in REJECT_COLUMNS:
+                result = result.append_column(name, table.column(name))
+        if reasons is not None:
+            result = result.append_column(REJECT_COLUMN, reasons).append_column(REJECT_KIND_COLUMN, kinds)
+        if rejected.num_rows == 0:
+            return result
+        # Rows rejected earlier pass by with nulls in this stage's output columns.
+        return pa.concat_tables([result, rejected], promote_options="default")
+
+    def _take_rejects(self, result: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Array | None]:
+        bad = [c for c in result.column_names if c.startswith(INTERNAL_PREFIX) and c not in REJECT_COLUMNS]
+        if bad:
+            raise StageError(f"stage {self.name!r} returned internal column(s) {bad}; rename them")
+        outputs = result.drop_columns([c for c in REJECT_COLUMNS if c in result.column_names])
+        if REJECT_COLUMN not in result.column_names:
+            return outputs, None, None
+        try:
+            reasons = result.column(REJECT_COLUMN).cast(pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise StageError(f"stage {self.name!r}: {REJECT_COLUMN} must hold reason strings or None: {e}") from e
+        kinds: Any = ENGINE_ERROR
+        if REJECT_KIND_COLUMN in result.column_names:
+            kinds = pc.coalesce(result.column(REJECT_KIND_COLUMN).cast(pa.string()), ENGINE_ERROR)
+        return outputs, reasons, pc.if_else(pc.is_valid(reasons), kinds, pa.scalar(None, pa.string()))
+
+
+def _cuts_between_ranges(table: pa.Table, rows: int) -> list[int]:
+    """Row positions that cut ``table`` (rows in range order) into runs of whole ranges, each of
+    at least ``rows`` rows but the last."""
+    if RANGE_COLUMN not in table.column_names:
+        return [table.num_rows]
+    ranges = table.column(RANGE_COLUMN).to_numpy()
+    cuts, last = [], 0
+    for boundary in [*(np.flatnonzero(ranges[1:] != ranges[:-1]) + 1), table.num_rows]:
+        if boundary - last >= rows or boundary == table.num_rows:
+            cuts.append(int(boundary))
+            last = boundary
+    return cuts
+
+
+def split_rejected(table: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """(accepted rows, rejected rows); rejected rows keep only their internal columns."""
+    if REJECT_COLUMN not in table.column_names:
+        return table, table.schema.empty_table().select([])
+    valid = pc.is_valid(table.column(REJECT_COLUMN))
+    if not pc.any(valid).as_py():
+        return table, table.schema.empty_table().select([])
+    internal = [c for c in table.column_names if c.startswith(INTERNAL_PREFIX)]
+    return table.filter(pc.invert(valid)), table.filter(valid).select(internal)
+
+
+def rejects_table(rejected: pa.Table) -> pa.Table:
+    """What the rejects output holds: the row key and kept columns (not binary ones), reason, kind."""
+    names, columns = [], []
+    for name in rejected.column_names:
+        if name.startswith(KEEP_PREFIX):
+            column = rejected.column(name)
+            if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+                continue  # image bytes and the like: the rejects name the row, they do not copy it
+            names.append(name[len(KEEP_PREFIX) :])
+            columns.append(column)
+    kinds = (
+        rejected.column(REJECT_KIND_COLUMN)
+        if REJECT_KIND_COLUMN in rejected.column_names
+        else pa.array([ENGINE_ERROR] * rejected.num_rows, pa.string())
+    )
+    return pa.table(
+        columns + [rejected.column(REJECT_COLUMN).cast(pa.string()), kinds.cast(pa.string())],
+        names=names + ["reason", "kind"],
+    )
+
+
+def split_by_range(table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+    """Yield (range index, rows of that range) for a block that may hold several ranges."""
+    column = table.column(RANGE_COLUMN)
+    lo, hi = pc.min_max(column).values()
+    if lo == hi:
+        yield lo.as_py(), table
+        return
+    for value in pc.unique(column).to_pylist():
+        yield value, table.filter(pc.equal(column, value))
+
+
+def output_columns(table: pa.Table) -> pa.Table:
+    """Drop internal columns and restore kept input columns; a stage output wins a name clash."""
+    names = table.column_names
+    outputs = [c for c in names if not c.startswith(INTERNAL_PREFIX)]
+    kept = [c[len(KEEP_PREFIX) :] for c in names if c.startswith(KEEP_PREFIX)]
+    kept = [c for c in kept if c not in outputs]
+    return pa.table(
+        [table.column(KEEP_PREFIX + c) for c in kept] + [table.column(c) for c in outputs],
+        names=kept + outputs,
+    )

@@ -1,0 +1,1 @@
+"""The input's files and footers, and the deterministic row ranges a run is cut into."""
