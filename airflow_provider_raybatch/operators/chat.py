@@ -3,7 +3,6 @@ resources, and an endpoint engine's connection."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -15,8 +14,8 @@ from airflow_provider_raybatch.llm.build import build_stages
 from airflow_provider_raybatch.llm.config import DEFAULT_API_KEY_ENV, ChatTask, EngineConfig
 from airflow_provider_raybatch.llm.engines import find_engine, get_engine
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
+from airflow_provider_raybatch.operators.rendered import as_kind
 from airflow_provider_raybatch.pipeline.config import Stage
-from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
 if TYPE_CHECKING:
@@ -183,15 +182,3 @@ class ChatOperator(RayPipelineOperator):
                 os.environ.pop(self.api_key_env, None)
             else:
                 os.environ[self.api_key_env] = previous
-
-
-def as_kind(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
-    """A rendered argument as ``kind``: Jinja renders to strings unless ``render_template_as_native_obj``."""
-    if isinstance(value, str) and not (isinstance(kind, type) and kind is str):
-        try:
-            value = json.loads(value)
-        except ValueError as e:
-            raise ConfigError(f"{name} must be {kind}, got the string {value!r}") from e
-    if not isinstance(value, kind):
-        raise ConfigError(f"{name} must be {kind}, got {type(value).__name__}")
-    return value

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_provider_raybatch.llm.config import ChatTask
-from airflow_provider_raybatch.operators.chat import ChatOperator, as_kind
+from airflow_provider_raybatch.operators.chat import ChatOperator
+from airflow_provider_raybatch.operators.rendered import as_kind
 
 
 class LLMBatchInferenceOperator(ChatOperator):

@@ -1,17 +1,13 @@
 """What every operator of this provider shares: build a pipeline config, run it on Ray.
 
-With no cluster configured the pipeline runs in the task on an embedded local Ray. With a
-cluster it runs as a Ray Job whose submission id is derived from the task instance, so any try
-of the task finds the job an earlier try submitted, even one that died right after submitting.
-The planning task of a mapped run goes the same way: in the task, or as a Ray Job that reads
-the input's footers on the cluster.
+With no cluster configured the pipeline runs in the task on an embedded local Ray; with a
+cluster, as a Ray Job that any try of the task finds again (:mod:`airflow_provider_raybatch.runners`).
+The planning task of a mapped run goes the same way. This module keeps Airflow's concerns: the
+arguments as rendered, the job's link, waiting or deferring, which failures are retried, XCom.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -24,25 +20,34 @@ from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_raybatch.assets import attach_summary, resolve_asset
+from airflow_provider_raybatch.hooks.jobs_types import JobFailure, JobInfo
 from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.lineage import operator_lineage
 from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
+from airflow_provider_raybatch.operators.rendered import (
+    check_paths,
+    rendered_columns,
+    rendered_error_fraction,
+    rendered_number,
+    rendered_seconds,
+)
 from airflow_provider_raybatch.pipeline.config import (
     DEFAULT_LEASE_TIMEOUT_S,
     DEFAULT_PROGRESS_TIMEOUT_S,
     BatchInferenceConfig,
     Stage,
 )
-from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError, RayJobsError
+from airflow_provider_raybatch.pipeline.errors import NotRetryableError, RayJobsError
+from airflow_provider_raybatch.runners.base import PipelineRunner
+from airflow_provider_raybatch.runners.embedded import EmbeddedRunner
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_raybatch.hooks.jobs_types import JobInfo
-    from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings
     from airflow_provider_raybatch.pipeline.partitions import Partition
     from airflow_provider_raybatch.pipeline.summary import RunSummary
+    from airflow_provider_raybatch.runners.ray_job import RayJobRunner
 
 #: task_state_store key: the attempt number of the task's current Ray job (kept across tries).
 JOB_ATTEMPT_KEY = "ray_job_attempt"
@@ -195,23 +200,23 @@ class RayPipelineOperator(BaseOperator):
         from airflow_provider_raybatch.pipeline.partitions import Partition
 
         ti = context["ti"]
-        _check_paths(input_path=self.input_path, output_path=self.output_path)
+        check_paths(input_path=self.input_path, output_path=self.output_path)
         config = BatchInferenceConfig(
             input_path=self.input_path,
             output_path=self.output_path,
             stages=self.build_stages(context),
-            columns=_rendered_columns("columns", self.columns),
-            keep_columns=_rendered_columns("keep_columns", self.keep_columns),
+            columns=rendered_columns("columns", self.columns),
+            keep_columns=rendered_columns("keep_columns", self.keep_columns),
             id_column=self.id_column,
             rows_per_range=self.rows_per_range,
             mode=self.mode,
             run_key=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}",
             storage_options=storage_options(self.aws_conn_id, self.gcp_conn_id, self.azure_conn_id),
-            max_rows=_rendered_number("max_rows", self.max_rows, int, "an integer >= 1 or None", optional=True),
-            max_error_fraction=_error_fraction(self.max_error_fraction),
+            max_rows=rendered_number("max_rows", self.max_rows, int, "an integer >= 1 or None", optional=True),
+            max_error_fraction=rendered_error_fraction(self.max_error_fraction),
             try_number=ti.try_number,
             lease_timeout=self.lease_timeout,
-            progress_timeout=_seconds(self.progress_timeout),
+            progress_timeout=rendered_seconds(self.progress_timeout),
             range_ids=None if self.partition is None else Partition.from_dict(self.partition).range_ids,
         )
         # Rendered values are checked before any Ray work: a bad one fails the task without retries.
@@ -225,84 +230,69 @@ class RayPipelineOperator(BaseOperator):
                 from airflow_provider_raybatch.pipeline.partitions import check_partitions
 
                 check_partitions(config, self.plan_partitions)
-            cluster = self.hook.cluster
-            if cluster is None:
-                if self.plan_partitions is not None:
-                    return self._plan_embedded(config)
-                return self._run_embedded(context, config)
-            return self._run_on_cluster(context, config, cluster)
-
-    def _plan_embedded(self, config: BatchInferenceConfig) -> list[dict[str, Any]]:
-        """The planning task of a mapped run, in the task: check everything, prepare the output,
-        return the partitions."""
-        from airflow_provider_raybatch.pipeline.partitions import plan_partitions
-
-        return self._planned(plan_partitions(config, self.plan_partitions))
-
-    def _planned(self, partitions: list[Partition]) -> list[dict[str, Any]]:
-        self.log.info("Partitions: %s", [(p.index, len(p.range_ids), p.rows) for p in partitions])
-        return [p.to_dict() for p in partitions]
-
-    def _run_embedded(self, context: Context, config: BatchInferenceConfig) -> dict[str, Any]:
-        from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-
-        return self._done(context, run_batch_inference(config))
-
-    def _run_on_cluster(self, context: Context, config: BatchInferenceConfig, cluster: RayClusterSettings) -> Any:
-        """Run, or plan the partitions (``plan_partitions``), as a Ray Job; wait for it here or deferred."""
-        from airflow_provider_raybatch.pipeline.job import entrypoint
-
-        config.validate()
-        spec = config.to_spec()
-        ti = context["ti"]
-        store = context.get("task_state_store")
-        try:
-            info = self.hook.submit_or_attach(
-                submission_id_prefix(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
-                lambda submission_id: entrypoint(
-                    spec, submission_id, cluster.namespace, plan_partitions=self.plan_partitions
-                ),
-                metadata={
-                    "airflow_dag_id": ti.dag_id,
-                    "airflow_run_id": ti.run_id,
-                    "airflow_task_id": ti.task_id,
-                    "airflow_map_index": str(ti.map_index),
-                },
-                # The attempt reached survives retries: the next try walks on from it.
-                start_attempt=int((store.get(JOB_ATTEMPT_KEY) if store is not None else None) or 0),
-                on_submit=None if store is None else lambda attempt: store.set(JOB_ATTEMPT_KEY, attempt),
-            )
-        except RayJobsError as e:
-            raise AirflowException(str(e)) from e
-        self.submission_id = info.submission_id
-        ti.xcom_push(key=RAY_JOB_URL_KEY, value=cluster.job_url(info.submission_id))
-        if info.is_active:
-            if self.deferrable:
-                from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
-
-                self.defer(
-                    trigger=RayJobTrigger(
-                        ray_conn_id=self.ray_conn_id,
-                        submission_id=info.submission_id,
-                        poll_interval=self.poll_interval,
-                        deadline=self._deadline(context),
-                    ),
-                    method_name="execute_complete",
-                )
-            # In the worker, Airflow's own execution_timeout interrupts this wait and calls on_kill.
+            runner = self._runner(context)
             try:
-                info = self.hook.wait_for_job(
-                    info.submission_id,
-                    poll_interval=self.poll_interval,
-                    log_line=lambda line: self.log.info("[ray job] %s", line),
-                )
+                if self.plan_partitions is None:
+                    outcome = runner.run(config)
+                else:
+                    outcome = runner.plan(config, self.plan_partitions)
+                if isinstance(outcome, JobInfo):
+                    outcome = self._follow_job(context, runner, outcome)
             except RayJobsError as e:
                 raise AirflowException(str(e)) from e
-        return self._job_result(context, config, info)
+            return self._done(context, config, outcome)
+
+    def _follow_job(self, context: Context, runner: RayJobRunner, info: JobInfo) -> JobInfo:
+        """Link the task to its Ray job, then wait for the job to end here, or defer to the triggerer."""
+        self.submission_id = info.submission_id
+        context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=runner.cluster.job_url(info.submission_id))
+        if not info.is_active:
+            return info
+        if self.deferrable:
+            from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
+
+            self.defer(
+                trigger=RayJobTrigger(
+                    ray_conn_id=self.ray_conn_id,
+                    submission_id=info.submission_id,
+                    poll_interval=self.poll_interval,
+                    deadline=self._deadline(context),
+                ),
+                method_name="execute_complete",
+            )
+        # In the worker, Airflow's own execution_timeout interrupts this wait and calls on_kill.
+        return runner.wait(
+            info, poll_interval=self.poll_interval, log_line=lambda line: self.log.info("[ray job] %s", line)
+        )
+
+    def _runner(self, context: Context) -> PipelineRunner:
+        """In the task on an embedded Ray, or as a Ray Job on the connection's cluster."""
+        cluster = self.hook.cluster
+        if cluster is None:
+            return EmbeddedRunner()
+        from airflow_provider_raybatch.runners.ray_job import RayJobRunner, submission_id_prefix
+
+        ti = context["ti"]
+        store = context.get("task_state_store")
+        prefix = submission_id_prefix(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+        return RayJobRunner(
+            self.hook,
+            cluster,
+            prefix,
+            metadata={
+                "airflow_dag_id": ti.dag_id,
+                "airflow_run_id": ti.run_id,
+                "airflow_task_id": ti.task_id,
+                "airflow_map_index": str(ti.map_index),
+            },
+            # The attempt reached survives retries: the next try walks on from it.
+            start_attempt=int((store.get(JOB_ATTEMPT_KEY) if store is not None else None) or 0),
+            on_submit=None if store is None else lambda attempt: store.set(JOB_ATTEMPT_KEY, attempt),
+        )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
         """Resume after the trigger fired: the job ended, timed out, or could not be followed."""
-        from airflow_provider_raybatch.hooks.jobs_types import JobInfo, JobStatus, WaitOutcome
+        from airflow_provider_raybatch.hooks.jobs_types import JobStatus, WaitOutcome
 
         self.submission_id = event["submission_id"]
         # A trigger of an earlier version (a task deferred across an upgrade) put its outcome in ``status``.
@@ -315,7 +305,7 @@ class RayPipelineOperator(BaseOperator):
             self.submission_id, JobStatus(event["status"]), event.get("message", ""), event.get("driver_exit_code")
         )
         with _fail_without_retry():
-            return self._job_result(context, self.build_config(context), info)
+            return self._done(context, self.build_config(context), info)
 
     def on_kill(self) -> None:
         """The task was killed or marked failed: stop its Ray job (stop, not delete: its log stays)."""
@@ -332,46 +322,31 @@ class RayPipelineOperator(BaseOperator):
         started = context["ti"].start_date
         return (started.timestamp() if started else time.time()) + self.execution_timeout.total_seconds()
 
-    def _job_result(
-        self, context: Context, config: BatchInferenceConfig, info: JobInfo
+    def _done(
+        self, context: Context, config: BatchInferenceConfig, outcome: RunSummary | list[Partition] | JobInfo
     ) -> dict[str, Any] | list[dict[str, Any]]:
-        from airflow_provider_raybatch.pipeline.job import read_job_partitions, read_job_summary
+        """The task's XCom result: the run's summary (also on the asset's event), or the partitions."""
+        if isinstance(outcome, JobInfo):
+            from airflow_provider_raybatch.runners.ray_job import RayJobRunner
 
-        sid = info.submission_id
-        if info.is_successful and self.plan_partitions is not None:
-            partitions = read_job_partitions(config, sid)
-            if partitions is None:
-                raise AirflowException(f"Ray job {sid} succeeded but left no partitions in {config.output_path!r}")
-            return self._planned(partitions)
-        if info.is_successful:
-            summary = read_job_summary(config, sid)
-            if summary is None:
-                raise AirflowException(f"Ray job {sid} succeeded but left no summary in {config.output_path!r}")
-            return self._done(context, summary)
-        failure = info.failure
-        if failure is None:
-            raise AirflowException(f"Ray job {sid} has not ended ({info.status.value})")
-        if not failure.retryable:
-            # Bad settings or input found by the job: a retry would fail the same way.
-            raise AirflowFailException(failure.message)
-        raise AirflowException(failure.message)
-
-    def _done(self, context: Context, summary: RunSummary) -> dict[str, Any]:
-        result = summary.to_dict()
-        self.log.info("Batch inference summary: %s", result)
-        attach_summary(context, self.asset, result)
-        return result
+            result = RayJobRunner.result(config, outcome, planning=self.plan_partitions is not None)
+            if isinstance(result, JobFailure):
+                if not result.retryable:
+                    # Bad settings or input found by the job: a retry would fail the same way.
+                    raise AirflowFailException(result.message)
+                raise AirflowException(result.message)
+            outcome = result
+        if isinstance(outcome, list):
+            self.log.info("Partitions: %s", [(p.index, len(p.range_ids), p.rows) for p in outcome])
+            return [p.to_dict() for p in outcome]
+        summary = outcome.to_dict()
+        self.log.info("Batch inference summary: %s", summary)
+        attach_summary(context, self.asset, summary)
+        return summary
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The input and output folders as OpenLineage datasets (None without the OpenLineage provider)."""
         return operator_lineage(self.input_path, self.output_path)
-
-
-def submission_id_prefix(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
-    """Readable and unique per task instance: the same for every try of it."""
-    digest = hashlib.sha256(json.dumps([dag_id, run_id, task_id, map_index]).encode()).hexdigest()[:16]
-    readable = re.sub(r"[^A-Za-z0-9_.]+", "-", f"{dag_id}.{task_id}")[:80]
-    return f"raybatch-{readable}-{digest}"
 
 
 @contextmanager
@@ -381,84 +356,3 @@ def _fail_without_retry() -> Iterator[None]:
         yield
     except NotRetryableError as e:
         raise AirflowFailException(str(e)) from e
-
-
-#: What a template renders for a value that is not set: a Param or variable that is None, or empty.
-_UNSET_TEXT = ("", "None")
-
-
-def _rendered_number(name: str, value: Any, kind: type[int] | type[float], expected: str, *, optional: bool) -> Any:
-    """A numeric argument as given, or the number a template rendered as text.
-
-    Templates render text unless the DAG sets ``render_template_as_native_obj=True``, so ``"100"``
-    and ``"0.05"`` are read as the numbers they spell. ``"None"`` and ``""`` mean None for an
-    ``optional`` argument (its "no limit"). Values that are not text are left to the config's checks
-    (which refuse ``True``, ``1.5`` rows, a negative number...).
-
-    :param name: the argument, named in errors.
-    :param value: its (rendered) value.
-    :param kind: ``int`` or ``float``: what the text must spell.
-    :param expected: what the argument takes, for the error (the config's check words it the same).
-    :param optional: whether None is one of its values.
-    :raises ConfigError: text that does not spell a ``kind``, naming the argument and the text.
-    """
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if optional and text in _UNSET_TEXT:
-        return None
-    try:
-        return kind(text)
-    except ValueError:
-        raise ConfigError(f"{name} must be {expected}, got {value!r}") from None
-
-
-def _error_fraction(value: Any) -> Any:
-    """``max_error_fraction`` as given or rendered; unset (None, ``"None"``, ``""``) is refused.
-
-    None would be ambiguous for a quality bar: the operator's default, or no bar at all? The two
-    differ a hundredfold in the errors they let through, so the DAG must say which.
-    """
-    expected = "a number between 0 and 1"
-    if value is None or (isinstance(value, str) and value.strip() in _UNSET_TEXT):
-        raise ConfigError(
-            f"max_error_fraction must be {expected}, got {value!r}: it has no unset value (a Param that is None "
-            "renders as 'None'); give a number, such as the default 0.01, or 1 to tolerate any share of errors"
-        )
-    return _rendered_number("max_error_fraction", value, float, expected, optional=False)
-
-
-def _rendered_columns(name: str, value: Any) -> Any:
-    """``columns`` / ``keep_columns`` as given; a rendered ``"None"`` or ``""`` is None (every column).
-
-    :raises ConfigError: other text (a template renders a list as its text), naming the argument.
-    """
-    if not isinstance(value, str):
-        return value
-    if value.strip() in _UNSET_TEXT:
-        return None
-    raise ConfigError(
-        f"{name} must be a list of column names or None, got the text {value!r}: to render a list from a "
-        "template, set render_template_as_native_obj=True on the DAG"
-    )
-
-
-def _seconds(value: float | timedelta | str | None) -> Any:
-    """``progress_timeout`` given as seconds, a ``timedelta`` or rendered text, in seconds (None: no limit)."""
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    return _rendered_number("progress_timeout", value, float, "a number of seconds > 0 or None", optional=True)
-
-
-def _check_paths(**paths: object) -> None:
-    """Each path must be absolute (``/data/in``) or a URL (``s3://bucket/in``): a relative path would
-    depend on the worker's current folder.
-
-    A DAG's ``Param`` schemas refuse bad values when a run is triggered; values that arrive another
-    way (a DAG without schemas, a template, ``dag.test()``) are checked here, before any Ray work.
-    """
-    for name, value in paths.items():
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{name} must be a non-empty path, got {value!r}")
-        if not (value.startswith("/") or "://" in value):
-            raise ConfigError(f"{name} must be an absolute path or a URL such as s3://bucket/prefix, got {value!r}")
