@@ -94,7 +94,7 @@ class RayPipelineOperator(BaseOperator):
     :param max_rows: a smoke run: process only the input's first ``max_rows`` rows (templated: a
         rendered ``"100"`` is 100, ``"None"`` or ``""`` is None).
         Recorded with the output, so a limited output is never resumed by a full run: give smoke
-        runs their own output path.
+        runs their own output path. A smoke run emits no event on ``asset``.
     :param max_error_fraction: the largest share of rows reaching a model that may fail (and go to
         the rejects, as rows a predictor rejects with ``engine_error``) before the task fails; such
         a failure is not retried, as a retry would count the same committed errors (templated: a
@@ -341,7 +341,13 @@ class RayPipelineOperator(BaseOperator):
             return [p.to_dict() for p in outcome]
         summary = outcome.to_dict()
         self.log.info("Batch inference summary: %s", summary)
-        attach_summary(context, self.asset, summary)
+        if config.max_rows is not None and self.asset is not None:
+            # A smoke run's output is not what the asset stands for: consumers must not run on it.
+            # Airflow emits an event for each of the task's outlets once it succeeds.
+            self.outlets = [outlet for outlet in self.outlets if outlet != self.asset]
+            self.log.info("A smoke run (max_rows=%s): no event on the asset %s", config.max_rows, self.asset.uri)
+        else:
+            attach_summary(context, self.asset, summary)
         return summary
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

@@ -15,6 +15,10 @@ import pytest
 from airflow_provider_raybatch.examples import digits
 from tests.conftest import REPO, run_dag
 from tests.data import assert_exactly_once, read_output
+from tests.operators.test_scheduling import asset_events
+
+#: The daily example's asset (dags/daily_batch_inference.py).
+PREDICTIONS_URI = "x-raybatch://daily_batch_inference/predictions"
 
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
 EXPECTED_DAGS = {
@@ -204,3 +208,5 @@ def test_daily_dag_scores_the_day_s_digits_and_the_report_reads_its_asset_event(
     assert smoke_summary["output_path"] == f"{tmp_path}/smoke/2026-11-21-first-250/"
     assert_exactly_once(read_output(tmp_path / "smoke" / "2026-11-21-first-250"), range(250))
     assert sorted(p.name for p in (tmp_path / "output" / "2026-11-21").iterdir()) == before
+    # ...and leaves the production asset alone: the report DAG is not triggered by a smoke run.
+    assert [e["extra"] for e in asset_events(PREDICTIONS_URI)] == [summary]
