@@ -3,13 +3,21 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt
+# torch 2.13.0 from the public index is the CUDA build on Linux (several GB of nvidia packages).
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu picks the CPU build, as the Dockerfiles'
+# argument of the same name does; empty by default, for machines whose pip configuration already
+# provides a CPU wheel.
+TORCH_INDEX_URL ?=
+PIP := $(PY) -m pip install -q --disable-pip-version-check -c constraints.txt \
+	$(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL))
 
 export AIRFLOW_HOME := $(CURDIR)/.airflow
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export RAYBATCH_DEMO_ROOT := $(CURDIR)/.demo
 DEMO_DATE ?= $(shell date -u -d yesterday +%F)
+# Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
+TODAY := $(shell date -u +%F)
 
 .PHONY: demo demo-llm test lint bench soak daft-env clean
 
@@ -32,6 +40,7 @@ demo: $(VENV)/.installed-examples
 	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
 	$(VENV)/bin/airflow pools set raybatch_gpu 2 "Ray batch inference tasks at once" >> $(AIRFLOW_HOME)/migrate.log 2>&1
 	$(PY) -m airflow_provider_raybatch.examples.digits prepare --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
+	$(PY) -m airflow_provider_raybatch.examples.digits prepare --root $(RAYBATCH_DEMO_ROOT) --date $(TODAY)
 	$(VENV)/bin/airflow dags test daily_batch_inference $(DEMO_DATE) > $(AIRFLOW_HOME)/demo-run.log 2>&1 \
 		|| (tail -n 60 $(AIRFLOW_HOME)/demo-run.log; exit 1)
 	@grep -o "Batch inference summary: {[^}]*}" $(AIRFLOW_HOME)/demo-run.log | tail -n 1
@@ -43,6 +52,7 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 	mkdir -p $(AIRFLOW_HOME)
 	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
 	$(PY) -m airflow_provider_raybatch.examples.llm_data prepare --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
+	$(PY) -m airflow_provider_raybatch.examples.llm_data prepare --root $(RAYBATCH_DEMO_ROOT) --date $(TODAY)
 	for dag in vlm_caption llm_classify; do \
 		HF_HUB_OFFLINE=1 $(VENV)/bin/airflow dags test $$dag $(DEMO_DATE) > $(AIRFLOW_HOME)/demo-$$dag.log 2>&1 \
 			|| { tail -n 60 $(AIRFLOW_HOME)/demo-$$dag.log; exit 1; }; \

@@ -4,6 +4,11 @@ Paths are templated by the logical date, so a rerun (clear in the UI) or a backf
 reads and writes that date's folders only. With no ``ray_default`` connection the task runs on
 an embedded local Ray; `make demo` prepares the model and data under ``.demo/``.
 
+A run needs its date's input, ``<data_root>/input/<ds>/``: `make demo` prepares yesterday's (which
+it runs) and today's (the date a trigger from the UI, or the first scheduled run after unpausing,
+gets). For another date, prepare it first:
+``python -m airflow_provider_raybatch.examples.digits prepare --root <data_root> --date <ds>``.
+
 Runs wait for a slot of the ``raybatch_gpu`` pool (create it: ``airflow pools set raybatch_gpu
 2 "Ray batch inference"``; another pool through ``RAYBATCH_POOL``), at most 2 at a time.
 """

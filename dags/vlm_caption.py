@@ -6,6 +6,10 @@ the embedded local Ray with the ``transformers`` engine and the tiny random Llav
 `make demo-llm` builds under ``.demo/models/`` (its captions are noise: it shows the plumbing).
 On a GPU cluster: set ``engine`` to ``vllm`` and ``model`` to e.g. ``Qwen/Qwen2.5-VL-3B-Instruct``
 (and a ``ray_default`` connection); or ``openai`` with an ``openai_default`` connection.
+
+A run needs its date's images, ``<data_root>/images/<ds>/``: `make demo-llm` prepares yesterday's
+and today's. For another date:
+``python -m airflow_provider_raybatch.examples.llm_data prepare --root <data_root> --date <ds>``.
 """
 
 from __future__ import annotations

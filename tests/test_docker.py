@@ -70,7 +70,7 @@ def service_env(compose: dict, service: str) -> dict[str, str]:
 
 
 def test_files_exist():
-    for name in [*DOCKERFILES, "compose.yaml", "README.md", ".env.example", "init_s3.py"]:
+    for name in [*DOCKERFILES, "compose.yaml", "compose.host-network.yaml", "README.md", ".env.example", "init_s3.py"]:
         assert (DOCKER / name).is_file(), name
     assert "issue 6" not in (DOCKER / "README.md").read_text(), "placeholder README left"
 
@@ -254,16 +254,16 @@ def compose_cli() -> list[str] | None:
     return ["docker-compose"] if shutil.which("docker-compose") else None
 
 
-def test_docker_compose_config_accepts_the_file(tmp_path):
+@pytest.mark.parametrize("overrides", [[], ["compose.host-network.yaml"]])
+def test_docker_compose_config_accepts_the_file(tmp_path, overrides):
     cli = compose_cli()
     if cli is None:
         pytest.skip("neither `docker compose` nor `docker-compose` is installed")
     env_file = tmp_path / ".env"
     env_file.write_text((DOCKER / ".env.example").read_text())
+    files = [arg for name in ["compose.yaml", *overrides] for arg in ("-f", str(DOCKER / name))]
     result = subprocess.run(
-        [*cli, "--env-file", str(env_file), "-f", str(DOCKER / "compose.yaml"), "config", "--quiet"],
-        capture_output=True,
-        text=True,
+        [*cli, "--env-file", str(env_file), *files, "config", "--quiet"], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
 

@@ -85,9 +85,17 @@ def accuracy(output_path: str, prediction_column: str = "predicted_label") -> tu
 def main(argv: list[str] | None = None) -> None:
     command, root, date = demo_args(__doc__, argv)
     if command == "prepare":
-        train_accuracy = train(root / "model" / "digits.safetensors")
-        rows = write_input(root / "input" / date)
-        print(f"model trained (train accuracy {train_accuracy:.3f}); {rows} rows of input in {root / 'input' / date}")
+        # What exists is kept: a finished date's input rewritten would be a changed input, which
+        # resume rightly refuses, so the demo runs again as the no-op it is.
+        weights, folder = root / "model" / "digits.safetensors", root / "input" / date
+        if weights.exists():
+            print(f"model: {weights} (kept)")
+        else:
+            print(f"model trained (train accuracy {train(weights):.3f}): {weights}")
+        if (folder / "digits.parquet").exists():
+            print(f"input for {date}: {folder} (kept)")
+        else:
+            print(f"input for {date}: {write_input(folder)} rows in {folder}")
     else:
         output = root / "output" / date
         rows, acc = accuracy(str(output))

@@ -88,10 +88,16 @@ def main(argv: list[str] | None = None) -> None:
     if command == "prepare":
         from airflow_provider_raybatch.examples.tiny_models import build_all
 
-        build_all(root / "models")
-        images = write_images(root / "images" / date)
-        companies = write_companies(root / "companies")
-        print(f"tiny models in {root / 'models'}; {images} images for {date}; {companies} companies")
+        # What exists is kept: rewriting a finished run's input would change it, which resume
+        # rightly refuses, so the demo runs again as the no-op it is.
+        models, images, companies = root / "models", root / "images" / date, root / "companies"
+        if not all((models / name / "config.json").exists() for name in ("tiny-llava", "tiny-qwen2")):
+            build_all(models)
+        if not (images / "images.parquet").exists():
+            write_images(images)
+        if not (companies / "companies.parquet").exists():
+            write_companies(companies)
+        print(f"tiny models in {models}; images for {date} in {images}; companies in {companies}")
         return
     captions = root / "captions" / date
     table = pq.read_table(captions)
