@@ -1,7 +1,7 @@
 """A seeded soak of the commit protocol under random store faults: `make soak` (or this script).
 
 Many tasks, each a sequence of tries of ``run_batch_inference`` (as Airflow's retries make them),
-on a moto S3 server behind the fault-injecting proxy of the tests (``tests/fault_proxy.py``):
+on a moto S3 server behind the fault-injecting proxy of the tests (``tests/support/fault_proxy.py``):
 a share ``--rate`` of all requests (input reads, the workers' data files, the bookkeeping) gets
 a fault drawn at random: applied then answered 500, applied with the reply dropped, refused
 with 500, throttled (503 SlowDown), reset before the store saw it. Every try that succeeds is
@@ -61,8 +61,8 @@ def soak(tasks: int, rate: float, seed: int, tries: int = 4, retry_s: float = 5.
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
     from airflow_provider_raybatch.pipeline.store.retries import STORE_RETRY_ENV
     from benchmarks.common import moto_s3
-    from tests.data import features_table
-    from tests.fault_proxy import FaultProxy
+    from tests.support.data import features_table
+    from tests.support.fault_proxy import FaultProxy
 
     saved = {name: os.environ.get(name) for name in (STORE_RETRY_ENV, "RAYBATCH_RECORD_INTERVAL_S")}
     os.environ[STORE_RETRY_ENV] = str(retry_s)
@@ -90,7 +90,7 @@ def soak(tasks: int, rate: float, seed: int, tries: int = 4, retry_s: float = 5.
                 config = BatchInferenceConfig(
                     input_path=f"s3://{BUCKET}/{prefix}/in",
                     output_path=f"s3://{BUCKET}/{prefix}/out",
-                    stages=[Stage("tests.predictors:score")],
+                    stages=[Stage("tests.support.predictors:score")],
                     id_column="id",
                     rows_per_range=25,
                     storage_options=through,

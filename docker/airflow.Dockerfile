@@ -7,7 +7,7 @@ FROM apache/airflow:${AIRFLOW_VERSION}-python${PYTHON_VERSION}
 
 ARG AIRFLOW_VERSION
 ARG PYTHON_VERSION
-# Must equal the version in pyproject.toml (tests/test_docker.py checks it; the build checks it too).
+# Must equal airflow_provider_raybatch.__version__ (tests/test_docker.py checks it; the build checks it too).
 ARG PROVIDER_VERSION=0.1.0
 # The `examples` extra brings the `torch` extra (torch, safetensors); `amazon` resolves the stack's
 # `aws_default` connection through the Amazon provider. torch from PyPI is a CUDA

@@ -6,7 +6,7 @@ ARG RAY_VERSION=2.60.0
 FROM rayproject/ray:${RAY_VERSION}-py311-gpu
 
 ARG RAY_VERSION
-# Must equal the version in pyproject.toml (tests/test_docker.py checks it; the build checks it too).
+# Must equal airflow_provider_raybatch.__version__ (tests/test_docker.py checks it; the build checks it too).
 ARG PROVIDER_VERSION=0.1.0
 
 COPY --chown=ray:users pyproject.toml README.md /tmp/raybatch/

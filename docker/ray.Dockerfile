@@ -7,7 +7,7 @@ ARG RAY_VERSION=2.60.0
 FROM rayproject/ray:${RAY_VERSION}-py311
 
 ARG RAY_VERSION
-# Must equal the version in pyproject.toml (tests/test_docker.py checks it; the build checks it too).
+# Must equal airflow_provider_raybatch.__version__ (tests/test_docker.py checks it; the build checks it too).
 ARG PROVIDER_VERSION=0.1.0
 # The provider's `torch` extra (TorchPredictor), with the CPU build of torch (PyPI's is a CUDA
 # build of several GB) from the CPU index; the version is within the extra's range.

@@ -109,7 +109,7 @@ def s3_server():
 
 def _server_or_skip(start, tmp_path_factory, name: str):
     """Start a storage server; if it cannot be installed or started: fail in CI, skip locally."""
-    from tests.storage_servers import ServerUnavailable
+    from tests.support.storage_servers import ServerUnavailable
 
     try:
         return start(tmp_path_factory.mktemp(name))
@@ -122,7 +122,7 @@ def _server_or_skip(start, tmp_path_factory, name: str):
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory):
     """gcp-storage-emulator on loopback, plus an OAuth token endpoint for service-account keys."""
-    from tests.storage_servers import TokenEndpoint, gcs_emulator
+    from tests.support.storage_servers import TokenEndpoint, gcs_emulator
 
     server = _server_or_skip(gcs_emulator, tmp_path_factory, "gcs-emulator")
     tokens = TokenEndpoint()
@@ -135,7 +135,7 @@ def gcs_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def azure_server(tmp_path_factory):
     """Azurite's Blob service on loopback (installed by npm into .cache/azurite on first use)."""
-    from tests.storage_servers import azurite
+    from tests.support.storage_servers import azurite
 
     server = _server_or_skip(azurite, tmp_path_factory, "azurite")
     yield server
@@ -145,7 +145,7 @@ def azure_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A real Ray cluster (`ray start --head`, dashboard, token auth) on loopback."""
-    from tests.ray_cluster import start_cluster
+    from tests.support.ray_cluster import start_cluster
 
     cluster = start_cluster()
     yield cluster

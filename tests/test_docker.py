@@ -123,8 +123,17 @@ def test_the_ray_worker_sets_its_fixed_port_apart_from_the_heads(compose):
     port = re.search(r"--dashboard-agent-listen-port=(\d+)", worker)
     assert port and int(port.group(1)) != 52365
     assert "--dashboard-agent-listen-port" not in compose["services"]["ray-head"]["command"]
-    readme = (DOCKER / "README.md").read_text()
-    assert "network_mode: host" in readme and "--dashboard-agent-listen-port=52366" in readme
+    # The override that puts the nodes on the host's network keeps the worker's port apart too.
+    host = yaml.safe_load((DOCKER / "compose.host-network.yaml").read_text())["services"]
+    assert {name: service["network_mode"] for name, service in host.items()} == {
+        "ray-head": "host",
+        "ray-worker": "host",
+    }
+    on_host = interpolate(host["ray-worker"]["command"], env_example())
+    assert "--address=127.0.0.1:6379" in on_host and re.search(r"--dashboard-agent-listen-port=(\d+)", on_host).group(
+        1
+    ) == port.group(1)
+    assert "compose.host-network.yaml" in (DOCKER / "README.md").read_text()
 
 
 def test_the_airflow_image_takes_its_constraints_from_a_build_argument():
@@ -146,8 +155,9 @@ def test_every_required_variable_is_in_the_env_example():
 
 
 def test_images_install_this_provider_version_on_the_pinned_airflow_and_ray(compose):
-    version = pyproject()["project"]["version"]
-    assert version == __version__
+    # One place for the version: the package's __version__, which the build reads.
+    assert pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "airflow_provider_raybatch.__version__"}
+    version = __version__
     dependencies = pyproject()["project"]["dependencies"]
     ray_pin = next(d for d in dependencies if d.startswith("ray[")).split("==")[1]
     airflow_pin = re.search(r"^apache-airflow==(\S+)$", (REPO / "constraints.txt").read_text(), re.M).group(1)
@@ -281,7 +291,7 @@ def test_hadolint_finds_no_error(name):
 def test_the_stand_in_bases_cover_every_base_image_and_stay_in_the_test_tree(compose):
     """tests/docker builds stand-ins for the official bases (no registry there): one per image the
     project's Dockerfiles and compose file name, and none of them used from docker/."""
-    from tests.docker.images import STANDINS, standin_tags
+    from tests.support.docker.images import STANDINS, standin_tags
 
     tags = standin_tags()
     assert tags == {
@@ -300,7 +310,7 @@ def test_the_stand_in_bases_cover_every_base_image_and_stay_in_the_test_tree(com
 def test_a_changed_stand_in_definition_is_built_again(tmp_path, monkeypatch):
     """A stand-in is reused while its label holds the digest of its definition: a change to one
     stand-in's folder changes its digest only; a change to the base changes every digest."""
-    from tests.docker import images
+    from tests.support.docker import images
 
     try:
         images.stand_in_python()

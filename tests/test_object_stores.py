@@ -33,7 +33,7 @@ from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.store.files import create_file, resolve
 from benchmarks.common import kill_ray_leftovers
 from tests.conftest import run_dag
-from tests.data import assert_exactly_once, features_table
+from tests.support.data import assert_exactly_once, features_table
 
 LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def _s3(s3_server) -> StoreUnderTest:
 def _gs(gcs_server) -> StoreUnderTest:
     import gcsfs
 
-    from tests.storage_servers import service_account_key
+    from tests.support.storage_servers import service_account_key
 
     key = service_account_key(gcs_server.extra["token_endpoint"].url)
     fs = gcsfs.GCSFileSystem(endpoint_url=gcs_server.endpoint, token="anon", project="raybatch-test")
@@ -179,7 +179,7 @@ logging.basicConfig(level=logging.INFO)
 from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-cfg = BatchInferenceConfig(sys.argv[1], sys.argv[2], [Stage("tests.predictors:score", batch_size=100)],
+cfg = BatchInferenceConfig(sys.argv[1], sys.argv[2], [Stage("tests.support.predictors:score", batch_size=100)],
                            id_column="id", rows_per_range=100, storage_options=storage_options(**json.loads(sys.argv[3])))
 print("SUMMARY " + json.dumps(run_batch_inference(cfg).to_dict()))
 """
@@ -215,7 +215,7 @@ def test_a_run_killed_between_publish_and_commit_resumes_exactly_once(store):
     config = BatchInferenceConfig(
         src,
         out,
-        [Stage("tests.predictors:score", batch_size=100)],
+        [Stage("tests.support.predictors:score", batch_size=100)],
         id_column="id",
         rows_per_range=100,
         storage_options=options,
@@ -244,7 +244,7 @@ def test_the_operator_reads_and_writes_the_store_and_no_secret_leaks(store, capf
     with DAG(dag_id, schedule=None, start_date=LOGICAL_DATE) as dag:
         RayBatchInferenceOperator(
             task_id="score",
-            predictor="tests.predictors:score",
+            predictor="tests.support.predictors:score",
             input_path=store.url(run, "in", "{{ ds }}/"),
             output_path=store.url(run, "out", "{{ ds }}/"),
             id_column="id",
@@ -270,7 +270,7 @@ def test_the_operator_reads_and_writes_the_store_and_no_secret_leaks(store, capf
     assert events and events[-1]["rows_out"] == 120
     # Where a Ray Job would get the run: its entrypoint (the spec) holds no credential either.
     config = BatchInferenceConfig(
-        store.url(run, "in"), store.url(run, "out"), [Stage("tests.predictors:score")], storage_options=options
+        store.url(run, "in"), store.url(run, "out"), [Stage("tests.support.predictors:score")], storage_options=options
     )
     job = entrypoint(config.to_spec(), "raybatch-x-0", None)
     bookkeeping = b"".join(store.fs.cat(p) for p in store.fs.find(f"{store.bucket}/{run}/out/2026-11-20/_raybatch"))
@@ -316,7 +316,7 @@ def test_missing_or_empty_connections_fail_the_task_at_once_naming_them(tmp_path
         for task_id, (conn, _) in cases.items():
             RayBatchInferenceOperator(
                 task_id=task_id,
-                predictor="tests.predictors:score",
+                predictor="tests.support.predictors:score",
                 input_path=str(tmp_path / "in"),
                 output_path=str(tmp_path / task_id),
                 retries=2,

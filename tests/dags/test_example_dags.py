@@ -14,8 +14,8 @@ import pytest
 
 from airflow_provider_raybatch.examples import digits
 from tests.conftest import REPO, run_dag
-from tests.data import assert_exactly_once, read_output
 from tests.operators.test_scheduling import asset_events
+from tests.support.data import assert_exactly_once, read_output
 
 #: The daily example's asset (dags/daily_batch_inference.py).
 PREDICTIONS_URI = "x-raybatch://daily_batch_inference/predictions"

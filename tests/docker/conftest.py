@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.docker.stack import ComposeStack, start_stack
+from tests.support.docker.stack import ComposeStack, start_stack
 
 #: How long each stage took (engine, each image built, stack start-up, teardown): printed in the
 #: session's summary, where slow builds are seen without reading logs.
@@ -29,8 +29,8 @@ def compose_stack(tmp_path_factory) -> ComposeStack:
     Skips (saying why) where no Docker engine runs and none can be installed and started, or where
     the stand-ins cannot be built (the tests run on another Python than the one they copy).
     """
-    from tests.docker.engine import EngineUnavailable, ensure_engine
-    from tests.docker.images import StandinsUnavailable, stand_in_python
+    from tests.support.docker.engine import EngineUnavailable, ensure_engine
+    from tests.support.docker.images import StandinsUnavailable, stand_in_python
 
     try:
         stand_in_python()

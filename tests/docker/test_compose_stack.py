@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.docker.stack import DEMO_DATE, ComposeStack
+from tests.support.docker.stack import DEMO_DATE, ComposeStack
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(5400)]
 

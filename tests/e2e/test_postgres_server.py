@@ -1,4 +1,4 @@
-"""The end-to-end test's PostgreSQL server (tests/postgres.py): reachable with its password on
+"""The end-to-end test's PostgreSQL server (tests/support/postgres.py): reachable with its password on
 loopback only, run by the ``postgres`` user when the test is root, and gone after a failure."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
-from tests.postgres import SERVER_USER, postgres_server
+from tests.support.postgres import SERVER_USER, postgres_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

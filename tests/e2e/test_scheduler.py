@@ -1,7 +1,7 @@
 """The example DAGs on a real Airflow: scheduler, DAG processor, triggerer and API server
 (LocalExecutor with parallelism 4, a temporary AIRFLOW_HOME) on loopback, driven through the REST
 API, with Airflow's production metadata database: a PostgreSQL server of its own on loopback
-(tests/postgres.py), started for this module and stopped at its end.
+(tests/support/postgres.py), started for this module and stopped at its end.
 
 1. A triggered run whose first try is killed part-way: Airflow's retry processes only the
    remaining ranges and the output holds every row once.
@@ -46,8 +46,8 @@ import pytest
 from airflow_provider_raybatch.examples import digits
 from airflow_provider_raybatch.pipeline.runtime.shared.head import stop_shared_heads
 from tests.conftest import free_port
-from tests.data import assert_output_sound
-from tests.postgres import PostgresServer, postgres_server
+from tests.support.data import assert_output_sound
+from tests.support.postgres import PostgresServer, postgres_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

@@ -25,7 +25,7 @@ from airflow_provider_raybatch.pipeline.errors import (
     RayJobsError,
 )
 from tests.conftest import free_port
-from tests.ray_cluster import connection
+from tests.support.ray_cluster import connection
 
 
 def hook_for(monkeypatch, **conn) -> RayHook:

@@ -17,7 +17,7 @@ from airflow_provider_raybatch.llm.images import PrepareImages
 from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, finish_row
 from airflow_provider_raybatch.llm.prompts import chat_messages
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TransformStage
-from tests.llm.images import image_bytes
+from tests.support.llm_images import image_bytes
 
 
 def test_stages_are_json_specs_without_secrets():

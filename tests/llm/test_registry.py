@@ -1,5 +1,5 @@
 """Engines by name: the built-in ones, an unknown name, and an engine added in one new file
-(``tests/llm/tgi_engine.py``) that is found, checked, built into its stage and run on Ray."""
+(``tests/support/tgi_engine.py``) that is found, checked, built into its stage and run on Ray."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from airflow_provider_raybatch.llm.engines import (
 )
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TransformStage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.llm.openai_server import OpenAIServer
-from tests.llm.tgi_engine import GenerateEngine
+from tests.support.openai_server import OpenAIServer
+from tests.support.tgi_engine import GenerateEngine
 
 TASK = ChatTask(prompt="Summarise {Company}", sampling_params={"max_tokens": 8})
 
@@ -41,7 +41,7 @@ def test_an_engine_added_in_one_file_is_found_by_name_and_builds_its_stage():
     config = EngineConfig("tgi", "my-model", base_url="http://127.0.0.1:1")
     (stage,) = build_stages(TASK, config, ReplicaResources(batch_size=4, concurrency=(1, 2), num_cpus=0.25))
     assert isinstance(stage, TransformStage) and stage.display_name == "tgi"
-    assert stage.predictor == "tests.llm.tgi_engine:build_transform"
+    assert stage.predictor == "tests.support.tgi_engine:build_transform"
     assert (stage.batch_size, stage.concurrency, stage.num_cpus, stage.num_gpus) == (4, (1, 2), 0.25, 0)
     assert stage.predictor_kwargs["engine"] == config.to_dict() and stage.input_columns == ["Company"]
     # Its own checks, and those every engine shares, name it.
@@ -58,7 +58,7 @@ def test_a_name_is_taken_once():
         name = "tgi"
 
     with pytest.raises(
-        ValueError, match="an engine named 'tgi' is already registered: tests.llm.tgi_engine:GenerateEngine"
+        ValueError, match="an engine named 'tgi' is already registered: tests.support.tgi_engine:GenerateEngine"
     ):
         register(Impostor)
     assert isinstance(get_engine("tgi"), GenerateEngine)

@@ -16,7 +16,7 @@ from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 from airflow_provider_raybatch.pipeline import Stage
 from tests.conftest import run_dag
-from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
+from tests.support.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
 LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
@@ -33,14 +33,14 @@ def test_the_guide_s_predictors_run_unchanged(tmp_path):
     with DAG("guide_predictors", schedule=None, start_date=LOGICAL_DATE, render_template_as_native_obj=True) as dag:
         RayBatchInferenceOperator(
             task_id="torch",
-            predictor="tests.predictors:TorchPredictor",
+            predictor="tests.support.predictors:TorchPredictor",
             keep_columns=[],
             output_path=str(tmp_path / "torch" / "{{ ds }}"),
             **common,
         )
         RayBatchInferenceOperator(
             task_id="function",
-            predictor="tests.predictors:add_bias",
+            predictor="tests.support.predictors:add_bias",
             predictor_kwargs={"bias": 10.0},
             output_path=str(tmp_path / "function"),
             keep_columns=["group"],
@@ -49,8 +49,8 @@ def test_the_guide_s_predictors_run_unchanged(tmp_path):
         RayBatchInferenceOperator(
             task_id="preprocess_then_model",
             stages=[
-                Stage("tests.predictors:normalize", num_cpus=0.25),
-                Stage("tests.predictors:SumModel", {"output": "total"}, num_cpus=0.25, num_gpus=0),
+                Stage("tests.support.predictors:normalize", num_cpus=0.25),
+                Stage("tests.support.predictors:SumModel", {"output": "total"}, num_cpus=0.25, num_gpus=0),
             ],
             output_path=str(tmp_path / "pre"),
             keep_columns=[],
@@ -59,8 +59,8 @@ def test_the_guide_s_predictors_run_unchanged(tmp_path):
         RayBatchInferenceOperator(
             task_id="chain",
             stages=[
-                Stage("tests.predictors:SumModel", {"output": "total"}, num_cpus=0.5),
-                Stage("tests.predictors:Scale", {"factor": "{{ params.factor }}"}, num_cpus=0.5),
+                Stage("tests.support.predictors:SumModel", {"output": "total"}, num_cpus=0.5),
+                Stage("tests.support.predictors:Scale", {"factor": "{{ params.factor }}"}, num_cpus=0.5),
             ],
             params={"factor": 2},
             output_path=str(tmp_path / "chain"),
@@ -98,7 +98,7 @@ def test_summary_goes_to_xcom_and_a_retry_of_a_finished_task_is_a_no_op(tmp_path
     with DAG("summary_xcom", schedule=None, start_date=LOGICAL_DATE) as dag:
         RayBatchInferenceOperator(
             task_id="score",
-            predictor="tests.predictors:score",
+            predictor="tests.support.predictors:score",
             input_path=str(tmp_path / "in"),
             output_path=str(tmp_path / "out"),
             id_column="id",
@@ -119,7 +119,7 @@ def test_bad_settings_fail_the_task_without_retries(tmp_path):
     write_input(tmp_path / "in", [10])
     operator = RayBatchInferenceOperator(
         task_id="bad",
-        predictor="tests.predictors:score",
+        predictor="tests.support.predictors:score",
         input_path=str(tmp_path / "in"),
         output_path=str(tmp_path / "in" / "out"),
         retries=3,
@@ -158,7 +158,7 @@ def test_s3_credentials_come_from_an_airflow_aws_connection(tmp_path, s3_server,
     with DAG("s3_operator", schedule=None, start_date=LOGICAL_DATE) as dag:
         RayBatchInferenceOperator(
             task_id="score",
-            predictor="tests.predictors:score",
+            predictor="tests.support.predictors:score",
             aws_conn_id="s3_test",
             input_path="s3://raybatch-test/op-in/{{ ds }}/",
             output_path="s3://raybatch-test/op-out/{{ ds }}/",
@@ -182,7 +182,7 @@ def test_max_error_fraction_bounds_the_rows_a_predictor_rejects(tmp_path, capfd)
         for task_id, fraction in (("tolerant", {"max_error_fraction": "{{ params.fraction }}"}), ("strict", {})):
             RayBatchInferenceOperator(
                 task_id=task_id,
-                predictor="tests.predictors:RejectSome",
+                predictor="tests.support.predictors:RejectSome",
                 predictor_kwargs=errors,
                 input_path=str(tmp_path / "in"),
                 output_path=str(tmp_path / task_id),
@@ -214,7 +214,7 @@ def test_params_rendered_as_text_are_read_as_their_values_and_a_null_fraction_fa
         "max_error_fraction": Param(None, type=["null", "number"]),
     }
     common = {
-        "predictor": "tests.predictors:score",
+        "predictor": "tests.support.predictors:score",
         "input_path": str(tmp_path / "in"),
         "id_column": "id",
         "rows_per_range": 100,
@@ -251,11 +251,11 @@ def test_params_rendered_as_text_are_read_as_their_values_and_a_null_fraction_fa
 def test_progress_timeout_reaches_the_config_in_seconds_and_none_disables_it(tmp_path):
     context = {"ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "t", "map_index": -1, "try_number": 1})()}
     paths = {"input_path": str(tmp_path / "in"), "output_path": str(tmp_path / "out")}
-    default = RayBatchInferenceOperator(task_id="default", predictor="tests.predictors:score", **paths)
+    default = RayBatchInferenceOperator(task_id="default", predictor="tests.support.predictors:score", **paths)
     assert default.build_config(context).progress_timeout == 3600
     for given, seconds in ((timedelta(minutes=5), 300), (90, 90), ("12.5", 12.5), (None, None), ("None", None)):
         operator = RayBatchInferenceOperator(
-            task_id="t", predictor="tests.predictors:score", progress_timeout=given, **paths
+            task_id="t", predictor="tests.support.predictors:score", progress_timeout=given, **paths
         )
         assert operator.build_config(context).progress_timeout == seconds, given
     assert "progress_timeout" in RayBatchInferenceOperator.template_fields
@@ -266,7 +266,7 @@ def test_a_hung_predictor_fails_the_try_after_progress_timeout_and_the_retry_res
     marker = tmp_path / "hang-marker"
     marker.touch()
     common = {
-        "predictor": "tests.stall_predictors:HangOnce",
+        "predictor": "tests.support.stall_predictors:HangOnce",
         "input_path": str(tmp_path / "in"),
         "id_column": "id",
         "rows_per_range": 100,

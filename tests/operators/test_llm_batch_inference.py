@@ -16,7 +16,7 @@ from airflow.sdk import DAG
 from airflow_provider_raybatch.examples import llm_data
 from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInferenceOperator
 from tests.conftest import REPO, run_dag
-from tests.llm.openai_server import OpenAIServer, completion
+from tests.support.openai_server import OpenAIServer, completion
 
 pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
 LOGICAL_DATE = datetime(2026, 11, 21, tzinfo=UTC)

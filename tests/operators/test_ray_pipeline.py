@@ -10,7 +10,7 @@ from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenc
 
 def operator() -> RayBatchInferenceOperator:
     return RayBatchInferenceOperator(
-        task_id="score", input_path="/data/in", output_path="/data/out", predictor="tests.predictors:score"
+        task_id="score", input_path="/data/in", output_path="/data/out", predictor="tests.support.predictors:score"
     )
 
 

@@ -17,10 +17,10 @@ from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.planning import input_files
 from tests.conftest import REPO, run_dag
-from tests.data import assert_exactly_once, read_output, write_input
-from tests.operators.cluster_dags import CONN_ID, LOGICAL_DATE, cluster_dag, mapped_cluster_dag
 from tests.pipeline.test_runner import config
-from tests.ray_cluster import connection
+from tests.support.cluster_dags import CONN_ID, LOGICAL_DATE, cluster_dag, mapped_cluster_dag
+from tests.support.data import assert_exactly_once, read_output, write_input
+from tests.support.ray_cluster import connection
 
 pytestmark = pytest.mark.usefixtures("airflow_db")
 
@@ -46,7 +46,7 @@ def start_task_process(tmp_path, **kwargs) -> subprocess.Popen:
     """Runs the DAG's task with dag.test() in a process of its own, so that it can be killed."""
     log = open(tmp_path / "task-process.log", "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.operators.cluster_dags", json.dumps(kwargs)],
+        [sys.executable, "-m", "tests.support.cluster_dags", json.dumps(kwargs)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=log,
@@ -80,7 +80,7 @@ def wait_for_status(cluster, submission_id: str, wanted: str) -> str:
 
 def test_a_job_runs_on_the_cluster_streams_its_log_and_a_rerun_takes_its_result(tmp_path, cluster, capfd, monkeypatch):
     # Credentials of the task's storage connections (resolved by each provider) never travel with the job.
-    from tests.storage_servers import service_account_key
+    from tests.support.storage_servers import service_account_key
 
     monkeypatch.setenv(
         "AIRFLOW_CONN_AWS_FAKE", json.dumps({"conn_type": "aws", "login": "AKIAFAKE", "password": "s3cr3t-value"})
@@ -137,7 +137,7 @@ def test_a_killed_task_process_reattaches_to_its_job(tmp_path, cluster):
         "input_path": str(tmp_path / "in"),
         "output_path": str(tmp_path / "out"),
         "rows_per_range": 100,
-        "predictor": "tests.predictors:SlowScore",
+        "predictor": "tests.support.predictors:SlowScore",
         "predictor_kwargs": {"delay_s": 1.0},
         "batch_size": 50,
     }
@@ -162,7 +162,7 @@ def test_a_failed_job_is_resubmitted_under_a_new_id_and_resumes(tmp_path, cluste
         input_path=str(tmp_path / "in"),
         output_path=str(tmp_path / "out"),
         rows_per_range=100,
-        predictor="tests.predictors:FailWhileMarked",
+        predictor="tests.support.predictors:FailWhileMarked",
         predictor_kwargs={"marker": str(marker), "fail_from_id": 300, "output": str(tmp_path / "out")},
         batch_size=100,
     )
@@ -199,7 +199,7 @@ def test_killing_the_task_stops_its_job(tmp_path, cluster):
         dag_id="killed",
         input_path=str(tmp_path / "in"),
         output_path=str(tmp_path / "out"),
-        predictor="tests.predictors:SlowScore",
+        predictor="tests.support.predictors:SlowScore",
         predictor_kwargs={"delay_s": 2.0},
         batch_size=20,
     )
@@ -218,7 +218,7 @@ def test_a_second_run_on_an_output_fails_naming_the_ray_job_that_writes_it(tmp_p
         "input_path": str(tmp_path / "in"),
         "output_path": str(tmp_path / "out"),
         "rows_per_range": 100,
-        "predictor": "tests.predictors:SlowScore",
+        "predictor": "tests.support.predictors:SlowScore",
         "predictor_kwargs": {"delay_s": 1.0},
         "batch_size": 50,
     }
@@ -268,7 +268,7 @@ def test_a_stage_runs_on_the_node_that_has_its_custom_resource(tmp_path, cluster
         "placed",
         input_path=str(tmp_path / "in"),
         output_path=str(tmp_path / "out"),
-        predictor="tests.predictors:node_id",
+        predictor="tests.support.predictors:node_id",
         ray_resources={"side_node": 1},
     )
     assert run_dag(dag, LOGICAL_DATE).get_task_instance("score").state == "success"

@@ -17,7 +17,7 @@ from airflow_provider_raybatch.assets import default_asset
 from airflow_provider_raybatch.lineage import dataset_name
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 from tests.conftest import REPO, run_dag
-from tests.data import assert_exactly_once, read_output, write_input
+from tests.support.data import assert_exactly_once, read_output, write_input
 
 LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
 ROWS = [430, 270]
@@ -44,7 +44,7 @@ def test_the_output_asset_event_carries_the_summary(tmp_path, caplog):
     with DAG("asset_summary", schedule=None, start_date=LOGICAL_DATE) as dag:
         operator = RayBatchInferenceOperator(
             task_id="score",
-            predictor="tests.predictors:score",
+            predictor="tests.support.predictors:score",
             input_path=str(tmp_path / "in" / "{{ ds }}"),
             output_path=str(tmp_path / "out" / "{{ ds }}"),
             id_column="id",
@@ -156,7 +156,7 @@ def test_the_operator_works_without_the_openlineage_provider():
 def test_mapped_partitions_write_exactly_what_one_task_writes(tmp_path):
     write_input(tmp_path / "in" / "2026-11-20", ROWS)
     common = {
-        "predictor": "tests.predictors:score",
+        "predictor": "tests.support.predictors:score",
         "input_path": str(tmp_path / "in" / "{{ ds }}"),
         "id_column": "id",
         "keep_columns": ["group"],
@@ -205,7 +205,11 @@ def test_mapped_partitions_write_exactly_what_one_task_writes(tmp_path):
 
 def test_a_relative_path_fails_the_task_at_once_naming_the_argument(tmp_path):
     operator = RayBatchInferenceOperator(
-        task_id="bad", predictor="tests.predictors:score", input_path=str(tmp_path), output_path="out/x", retries=3
+        task_id="bad",
+        predictor="tests.support.predictors:score",
+        input_path=str(tmp_path),
+        output_path="out/x",
+        retries=3,
     )
     context = {
         "ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "bad", "map_index": -1, "try_number": 1})()
@@ -222,7 +226,7 @@ def test_a_resource_rendered_as_text_fails_the_task_at_once_naming_it(tmp_path):
     write_input(tmp_path / "in", [10])
     operator = RayBatchInferenceOperator(
         task_id="text",
-        predictor="tests.predictors:score",
+        predictor="tests.support.predictors:score",
         input_path=str(tmp_path / "in"),
         output_path=str(tmp_path / "out"),
         batch_size="256",

@@ -17,8 +17,8 @@ from airflow.sdk import DAG
 from airflow_provider_raybatch.examples import llm_data
 from airflow_provider_raybatch.operators.vlm_caption import DEFAULT_PROMPT, DEFAULT_SYSTEM_PROMPT, VLMCaptionOperator
 from tests.conftest import REPO, run_dag
-from tests.llm.images import CORRUPT, write_images
-from tests.llm.openai_server import OpenAIServer, completion
+from tests.support.llm_images import CORRUPT, write_images
+from tests.support.openai_server import OpenAIServer, completion
 
 pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
 LOGICAL_DATE = datetime(2026, 11, 21, tzinfo=UTC)

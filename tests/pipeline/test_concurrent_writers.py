@@ -11,13 +11,13 @@ import pytest
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.data import assert_output_sound, read_output, write_input
 from tests.pipeline.test_runner import commit_count, config, kill_leftovers, run_in_subprocess
+from tests.support.data import assert_output_sound, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 #: The first writer's settings (a second writer with the same ones would resume its output).
-SLOW = {"predictor": "tests.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.6}}
+SLOW = {"predictor": "tests.support.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.6}}
 
 
 def start_writer(tmp_path, **config_kwargs):
@@ -72,7 +72,7 @@ def test_a_second_writer_fails_naming_the_first_and_the_first_completes(tmp_path
 def test_an_overwrite_waits_for_the_live_writer_and_then_runs(tmp_path):
     write_input(tmp_path / "in", [1200])
     first = start_writer(tmp_path)
-    other = {"predictor": "tests.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.0}}
+    other = {"predictor": "tests.support.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.0}}
     try:
         with pytest.raises(OutputBusyError, match="is being written by dag dag_a, run run_1"):
             run_batch_inference(config(tmp_path, mode="overwrite", run_key="dag_a/run_2/score/-1", **other))
@@ -147,11 +147,11 @@ def test_a_range_committed_under_a_replaced_plan_is_found_by_the_verifier_and_re
 
     write_input(tmp_path / "in", [200])
     output = tmp_path / "out"
-    old = config(tmp_path, "tests.predictors:add_bias", predictor_kwargs={"bias": 1.0}, run_key="dag/1/t/-1")
+    old = config(tmp_path, "tests.support.predictors:add_bias", predictor_kwargs={"bias": 1.0}, run_key="dag/1/t/-1")
     run_batch_inference(old)
     stale = OutputLedger.open(str(output))  # a writer that checked the old plan
     stale.load_plan()
-    new = config(tmp_path, "tests.predictors:add_bias", predictor_kwargs={"bias": 5.0}, run_key="dag/2/t/-1")
+    new = config(tmp_path, "tests.support.predictors:add_bias", predictor_kwargs={"bias": 5.0}, run_key="dag/2/t/-1")
     run_batch_inference(dataclasses.replace(new, mode="overwrite"))
     assert verify_output(str(output)) == []
 

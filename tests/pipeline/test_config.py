@@ -7,7 +7,7 @@ import json
 import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, Stage, TransformStage
-from tests.predictors import SumModel
+from tests.support.predictors import SumModel
 
 
 def config(*stages: Stage) -> BatchInferenceConfig:
@@ -24,12 +24,12 @@ def config(*stages: Stage) -> BatchInferenceConfig:
 def test_a_config_round_trips_through_json_without_its_credentials():
     original = config(
         Stage(SumModel, {"output": "total"}, concurrency=(1, 4), num_gpus=1, resources={"side": 1}),
-        Stage("tests.predictors:Scale", {"factor": 2.0}, batch_format="pandas"),
+        Stage("tests.support.predictors:Scale", {"factor": 2.0}, batch_format="pandas"),
     )
     spec = json.loads(json.dumps(original.to_spec()))
     assert "s3cr3t" not in json.dumps(spec)
     restored = BatchInferenceConfig.from_spec(spec, storage_options={"anon": True})
-    assert restored.stages[0].predictor == "tests.predictors:SumModel"
+    assert restored.stages[0].predictor == "tests.support.predictors:SumModel"
     assert restored.stages[0].concurrency == (1, 4)
     assert restored.job_signature() == original.job_signature()
     assert restored.storage_options == {"anon": True}
@@ -40,12 +40,12 @@ def test_what_cannot_travel_is_refused_with_the_stage_named():
     with pytest.raises(ConfigError, match="stage 'lambda'.*cannot be imported by name on a Ray cluster"):
         config(Stage(lambda batch: batch, name="lambda")).to_spec()
     with pytest.raises(ConfigError, match="stage 'Scale': predictor_kwargs must be JSON-serialisable"):
-        config(Stage("tests.predictors:Scale", {"factor": object()})).to_spec()
+        config(Stage("tests.support.predictors:Scale", {"factor": object()})).to_spec()
 
 
 def test_a_transform_stage_round_trips_and_keeps_the_signature_outputs_recorded():
-    stage = TransformStage("tests.predictors:doubling_transform", {"k": 1}, concurrency=(1, 2), num_cpus=0.5)
-    spec = json.loads(json.dumps(config(stage, Stage("tests.predictors:Scale", {"factor": 2.0})).to_spec()))
+    stage = TransformStage("tests.support.predictors:doubling_transform", {"k": 1}, concurrency=(1, 2), num_cpus=0.5)
+    spec = json.loads(json.dumps(config(stage, Stage("tests.support.predictors:Scale", {"factor": 2.0})).to_spec()))
     assert [s["kind"] for s in spec["stages"]] == ["transform", "batch"]
     again = BatchInferenceConfig.from_spec(spec)
     assert isinstance(again.stages[0], TransformStage) and again.stages[0] == stage
@@ -53,7 +53,7 @@ def test_a_transform_stage_round_trips_and_keeps_the_signature_outputs_recorded(
     # As an output planned when transform stages were Stage(transform=True) recorded it in plan.json:
     # the same signature, so such an output still resumes.
     assert again.job_signature()["stages"][0] == {
-        "predictor": "tests.predictors:doubling_transform",
+        "predictor": "tests.support.predictors:doubling_transform",
         "predictor_kwargs": {"k": 1},
         "batch_format": "numpy",
         "transform": True,
@@ -65,4 +65,4 @@ def test_a_transform_stage_takes_a_factory_not_a_class():
     with pytest.raises(ConfigError, match="stage 'SumModel': a transform stage takes a factory function"):
         TransformStage(SumModel).validate()
     with pytest.raises(TypeError):
-        Stage("tests.predictors:doubling_transform", transform=True)  # the flag is gone: the type says it
+        Stage("tests.support.predictors:doubling_transform", transform=True)  # the flag is gone: the type says it

@@ -11,8 +11,8 @@ from airflow_provider_raybatch.pipeline.execution.range_reader import read_range
 from airflow_provider_raybatch.pipeline.planning.planner import plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.store.files import resolve
-from tests.data import assert_output_sound, write_input
 from tests.pipeline.test_runner import commit_count, config
+from tests.support.data import assert_output_sound, write_input
 
 
 def plan(path, rows_per_range):
@@ -80,7 +80,7 @@ def test_ranges_read_together_are_committed_one_by_one_and_a_failure_keeps_them(
     marker.touch()
     cfg = config(
         tmp_path,
-        predictor="tests.predictors:FailWhileMarked",
+        predictor="tests.support.predictors:FailWhileMarked",
         predictor_kwargs={"marker": str(marker), "fail_from_id": 300, "output": str(tmp_path / "out")},
         rows_per_range=20,
         batch_size=20,

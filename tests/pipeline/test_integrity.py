@@ -31,8 +31,8 @@ from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.planning.input_files import read_file_info
 from airflow_provider_raybatch.pipeline.planning.planner import input_changes, plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.data import assert_output_sound, features_table, read_output, write_input
 from tests.pipeline.test_runner import commit_count, config
+from tests.support.data import assert_output_sound, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -49,7 +49,9 @@ def only_uncommitted_faults(output: Path) -> None:
 
 def load_marker_config(tmp_path: Path, **kwargs) -> tuple[BatchInferenceConfig, Path]:
     marker = tmp_path / "model-loaded"
-    return config(tmp_path, "tests.predictors:LoadMarker", predictor_kwargs={"marker": str(marker)}, **kwargs), marker
+    return config(
+        tmp_path, "tests.support.predictors:LoadMarker", predictor_kwargs={"marker": str(marker)}, **kwargs
+    ), marker
 
 
 # --- input schema ------------------------------------------------------------------------------
@@ -94,7 +96,9 @@ def test_an_empty_file_fits_any_type(tmp_path):
 
 def test_a_stage_whose_output_type_drifts_commits_nothing_of_the_drifting_range(tmp_path):
     write_input(tmp_path / "in", [500])
-    cfg = config(tmp_path, "tests.predictors:IntegerScoreFor", predictor_kwargs={"drift_id": 250}, batch_size=100)
+    cfg = config(
+        tmp_path, "tests.support.predictors:IntegerScoreFor", predictor_kwargs={"drift_id": 250}, batch_size=100
+    )
     with pytest.raises(OutputSchemaError) as failure:
         run_batch_inference(cfg)
     message = str(failure.value)
@@ -113,13 +117,15 @@ def test_a_stage_whose_output_type_drifts_commits_nothing_of_the_drifting_range(
 
 def test_partitions_of_one_output_are_held_to_the_schema_the_first_recorded(tmp_path):
     write_input(tmp_path / "in", [400])
-    base = config(tmp_path, "tests.predictors:IntegerScoreFor", predictor_kwargs={"drift_id": 350}, batch_size=100)
+    base = config(
+        tmp_path, "tests.support.predictors:IntegerScoreFor", predictor_kwargs={"drift_id": 350}, batch_size=100
+    )
     first, second = plan_partitions(base, 2)
 
     def partition(p):
         return config(
             tmp_path,
-            "tests.predictors:IntegerScoreFor",
+            "tests.support.predictors:IntegerScoreFor",
             predictor_kwargs={"drift_id": 350},
             batch_size=100,
             range_ids=p.range_ids,
@@ -173,7 +179,7 @@ def test_null_ids_without_statistics_are_refused_before_their_range_commits(tmp_
 def test_null_ids_echoed_by_a_predictor_as_nan_are_refused_before_commit(tmp_path):
     (tmp_path / "in").mkdir()
     write_with_null_ids(tmp_path / "in" / "part-0.parquet", 300, [250], write_statistics=False)
-    cfg = config(tmp_path, "tests.predictors:add_bias", predictor_kwargs={"bias": 1.0}, batch_size=100)
+    cfg = config(tmp_path, "tests.support.predictors:add_bias", predictor_kwargs={"bias": 1.0}, batch_size=100)
     with pytest.raises(
         RowKeyError,
         match=r"returned id_column 'id' with type double \(1 of them null or NaN\) where the input's is int64",
@@ -219,7 +225,7 @@ def test_a_same_size_same_footer_rewrite_is_refused_on_resume(tmp_path):
     marker.touch()
     cfg = config(
         tmp_path,
-        "tests.predictors:FailWhileMarked",
+        "tests.support.predictors:FailWhileMarked",
         predictor_kwargs={"marker": str(marker), "fail_from_id": 600, "output": str(tmp_path / "out")},
         batch_size=100,
     )
@@ -245,7 +251,7 @@ def test_a_plan_recorded_without_the_new_fields_still_resumes(tmp_path):
     marker.touch()
     cfg = config(
         tmp_path,
-        "tests.predictors:FailWhileMarked",
+        "tests.support.predictors:FailWhileMarked",
         predictor_kwargs={"marker": str(marker), "fail_from_id": 600, "output": str(tmp_path / "out")},
         batch_size=100,
     )

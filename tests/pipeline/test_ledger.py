@@ -13,7 +13,7 @@ import pytest
 from airflow_provider_raybatch.pipeline.commit.commit_log import PLAN_VERSION, SEGMENT_FANOUT
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError
-from tests.data import OpenRecordingFileSystem
+from tests.support.data import OpenRecordingFileSystem
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from airflow_provider_raybatch.pipeline.resources import RESOURCE_WAIT_ENV
-from tests.data import assert_output_sound, write_input
 from tests.pipeline.test_runner import commit_count
-from tests.ray_cluster import start_cluster
+from tests.support.data import assert_output_sound, write_input
+from tests.support.ray_cluster import start_cluster
 
 #: Two tries of one task in a driver process of the cluster (as the Jobs API runs one), each
 #: printing its outcome: the first is killed part-way by the test, the second meets the lost node.
@@ -25,7 +25,7 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.errors import NotRetryableError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 address, input_path, output_path = sys.argv[1:4]
-stage = Stage("tests.predictors:SlowScore", predictor_kwargs={"delay_s": 0.5}, batch_size=50)
+stage = Stage("tests.support.predictors:SlowScore", predictor_kwargs={"delay_s": 0.5}, batch_size=50)
 config = BatchInferenceConfig(input_path, output_path, [stage], id_column="id", rows_per_range=50,
                               progress_timeout=20, run_key="dag/run/task/-1")
 for attempt in (1, 2):
@@ -43,7 +43,7 @@ GPU_STAGE = r"""
 import sys
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-config = BatchInferenceConfig(sys.argv[2], sys.argv[3], [Stage("tests.predictors:score", num_gpus=1)], id_column="id")
+config = BatchInferenceConfig(sys.argv[2], sys.argv[3], [Stage("tests.support.predictors:score", num_gpus=1)], id_column="id")
 run_batch_inference(config, ray_address=sys.argv[1])
 """
 

@@ -14,8 +14,8 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedE
 from airflow_provider_raybatch.pipeline.partitions import Partition, plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.store.files import resolve
-from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 from tests.pipeline.test_runner import RECORD_EACH_RANGE, commit_count, config, kill_leftovers, run_in_subprocess
+from tests.support.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -79,7 +79,9 @@ def test_partitions_need_a_planned_output_with_the_same_input_and_settings(tmp_p
     (partition,) = plan_partitions(cfg, 1)
     with pytest.raises(ConfigError, match=r"planned with different settings \(stages\)"):
         run_batch_inference(
-            dataclasses.replace(config(tmp_path, predictor="tests.predictors:SlowScore"), range_ids=partition.range_ids)
+            dataclasses.replace(
+                config(tmp_path, predictor="tests.support.predictors:SlowScore"), range_ids=partition.range_ids
+            )
         )
     with pytest.raises(Exception, match="not in the input's plan"):
         run_batch_inference(dataclasses.replace(cfg, range_ids=["nope-0-1"]))
@@ -127,7 +129,7 @@ def test_an_armed_crash_fires_once(tmp_path, monkeypatch):
     (tmp_path / "out" / "_raybatch" / "manifest.json").unlink()  # forget the commits: every range runs again
 
     armed.touch()
-    crashed = run_in_subprocess(tmp_path, "tests.predictors:score", {}, env=env)
+    crashed = run_in_subprocess(tmp_path, "tests.support.predictors:score", {}, env=env)
     kill_leftovers(crashed.ray_tmp)
     assert crashed.returncode == -signal.SIGKILL, crashed.output
     assert not armed.exists() and commit_count(tmp_path / "out") == 1

@@ -13,7 +13,7 @@ from airflow_provider_raybatch.pipeline.planning.input_files import (
 )
 from airflow_provider_raybatch.pipeline.planning.planner import input_changes, plan_input
 from airflow_provider_raybatch.pipeline.store.files import resolve
-from tests.data import OpenRecordingFileSystem, features_table, write_input
+from tests.support.data import OpenRecordingFileSystem, features_table, write_input
 
 
 def plan(path, columns=None, rows_per_range=100):

@@ -11,14 +11,14 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooM
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_INTERVAL_ENV
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.data import write_input
 from tests.pipeline.test_runner import commit_count
+from tests.support.data import write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 
 def reject_config(tmp_path, reject_kwargs, then=None, **kwargs) -> BatchInferenceConfig:
-    stages = [Stage("tests.predictors:RejectSome", reject_kwargs, num_cpus=0.5, batch_size=64)]
+    stages = [Stage("tests.support.predictors:RejectSome", reject_kwargs, num_cpus=0.5, batch_size=64)]
     if then is not None:
         stages.append(then)
     kwargs = {"output_path": str(tmp_path / "out"), "id_column": "id", "rows_per_range": 100, **kwargs}
@@ -36,7 +36,7 @@ def assert_once_across(out, expected):
 
 def test_rejected_rows_go_to_rejects_with_reason_and_skip_later_stages(tmp_path):
     write_input(tmp_path / "in", [250, 130])
-    then = Stage("tests.predictors:Scale", {"factor": 2.0, "column": "score"}, num_cpus=0.5, batch_size=50)
+    then = Stage("tests.support.predictors:Scale", {"factor": 2.0, "column": "score"}, num_cpus=0.5, batch_size=50)
     cfg = reject_config(tmp_path, {"invalid_every": 7, "error_ids": [3, 200]}, then=then, keep_columns=["group"])
     summary = run_batch_inference(cfg)
     out = tmp_path / "out"
@@ -94,7 +94,7 @@ def test_too_many_engine_errors_stop_the_run_early(tmp_path, monkeypatch):
 
 def test_a_transform_stage_keeps_internal_columns_and_skips_rejects(tmp_path):
     write_input(tmp_path / "in", [200])
-    then = TransformStage("tests.predictors:doubling_transform", batch_size=50, num_cpus=0.5)
+    then = TransformStage("tests.support.predictors:doubling_transform", batch_size=50, num_cpus=0.5)
     summary = run_batch_inference(reject_config(tmp_path, {"invalid_every": 10}, then=then, keep_columns=["group"]))
     out = pq.read_table(str(tmp_path / "out")).sort_by("id")
     assert set(out.column_names) == {"id", "group", "score", "doubled"}
@@ -105,7 +105,7 @@ def test_a_transform_stage_keeps_internal_columns_and_skips_rejects(tmp_path):
 
 def test_a_transform_that_drops_internal_columns_is_named(tmp_path):
     write_input(tmp_path / "in", [100])
-    then = TransformStage("tests.predictors:dropping_transform", num_cpus=0)
+    then = TransformStage("tests.support.predictors:dropping_transform", num_cpus=0)
     # Raised where the rows are written, in a Ray task: it reaches the driver wrapped by Ray.
     with pytest.raises(Exception, match="StageError: a transform stage dropped the internal columns"):
         run_batch_inference(reject_config(tmp_path, {}, then=then))
@@ -116,8 +116,8 @@ def test_stages_round_trip_through_the_json_spec():
         "in",
         "out",
         [
-            Stage("tests.predictors:RejectSome", {"invalid_every": 3}, input_columns=["id"]),
-            TransformStage("tests.predictors:doubling_transform", concurrency=(1, 2)),
+            Stage("tests.support.predictors:RejectSome", {"invalid_every": 3}, input_columns=["id"]),
+            TransformStage("tests.support.predictors:doubling_transform", concurrency=(1, 2)),
         ],
         max_error_fraction=0.05,
     )

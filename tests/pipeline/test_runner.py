@@ -27,12 +27,12 @@ from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
 from benchmarks.common import kill_ray_leftovers, ray_processes_of
-from tests.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
+from tests.support.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 
-def config(tmp_path: Path, predictor="tests.predictors:score", **kwargs) -> BatchInferenceConfig:
+def config(tmp_path: Path, predictor="tests.support.predictors:score", **kwargs) -> BatchInferenceConfig:
     stage_kwargs = {
         k: kwargs.pop(k)
         for k in ("predictor_kwargs", "num_cpus", "num_gpus", "concurrency", "batch_size")
@@ -119,7 +119,7 @@ def test_failed_first_try_resumes_from_committed_ranges(tmp_path):
     marker.touch()
     cfg = config(
         tmp_path,
-        predictor="tests.predictors:FailWhileMarked",
+        predictor="tests.support.predictors:FailWhileMarked",
         predictor_kwargs={"marker": str(marker), "fail_from_id": 600, "output": str(tmp_path / "out")},
         batch_size=100,
     )
@@ -192,7 +192,7 @@ def kill_leftovers(ray_tmp: str) -> None:
 def test_sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_nothing(tmp_path):
     write_input(tmp_path / "in", [800])
     crashed = run_in_subprocess(
-        tmp_path, "tests.predictors:score", {}, env={"RAYBATCH_TEST_CRASH": "published:3", **RECORD_EACH_RANGE}
+        tmp_path, "tests.support.predictors:score", {}, env={"RAYBATCH_TEST_CRASH": "published:3", **RECORD_EACH_RANGE}
     )
     kill_leftovers(crashed.ray_tmp)
     assert crashed.returncode == -signal.SIGKILL, crashed.output
@@ -208,7 +208,7 @@ def test_killed_process_resumes_and_embedded_ray_leaves_no_process(tmp_path):
     write_input(tmp_path / "in", [1500])
     out = tmp_path / "out"
     slow = {"delay_s": 0.4}
-    running = run_in_subprocess(tmp_path, "tests.predictors:SlowScore", slow, wait=False)
+    running = run_in_subprocess(tmp_path, "tests.support.predictors:SlowScore", slow, wait=False)
     try:
         deadline = time.monotonic() + 120
         while commit_count(out) < 3 and running.poll() is None and time.monotonic() < deadline:
@@ -226,7 +226,7 @@ def test_killed_process_resumes_and_embedded_ray_leaves_no_process(tmp_path):
     committed = commit_count(out)
     assert 3 <= committed < 15
 
-    resumed = run_in_subprocess(tmp_path, "tests.predictors:SlowScore", slow)
+    resumed = run_in_subprocess(tmp_path, "tests.support.predictors:SlowScore", slow)
     assert resumed.returncode == 0, resumed.output
     summary = RunSummary.from_dict(json.loads(resumed.output.split("SUMMARY ", 1)[1].splitlines()[0]))
     assert summary.ranges_skipped == committed
@@ -268,7 +268,7 @@ def test_changed_settings_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"different settings \(rows_per_range\)"):
         run_batch_inference(config(tmp_path, rows_per_range=50))
     with pytest.raises(ConfigError, match=r"different settings \(stages\)"):
-        run_batch_inference(config(tmp_path, predictor="tests.predictors:SlowScore"))
+        run_batch_inference(config(tmp_path, predictor="tests.support.predictors:SlowScore"))
 
 
 def test_empty_input_files_commit_an_empty_readable_output(tmp_path):
@@ -293,12 +293,16 @@ def test_empty_input_files_commit_an_empty_readable_output(tmp_path):
             InputError,
             r"\['nope'\] not found in .* it has columns \['id', 'features', 'group'\]",
         ),
-        ({"predictor": "tests.predictors:Missing"}, ConfigError, "cannot import predictor 'tests.predictors:Missing'"),
+        (
+            {"predictor": "tests.support.predictors:Missing"},
+            ConfigError,
+            "cannot import predictor 'tests.support.predictors:Missing'",
+        ),
         ({"predictor": "no_such_module:Predictor"}, ConfigError, "cannot import predictor 'no_such_module:Predictor'"),
         (
-            {"predictor": "tests.predictors:NOT_CALLABLE"},
+            {"predictor": "tests.support.predictors:NOT_CALLABLE"},
             ConfigError,
-            "predictor 'tests.predictors:NOT_CALLABLE' is not callable",
+            "predictor 'tests.support.predictors:NOT_CALLABLE' is not callable",
         ),
         ({"output_path": "{tmp}/in/out"}, ConfigError, "output path '{tmp}/in/out' overlaps input path"),
         ({"output_path": "{tmp}/in"}, ConfigError, "overlaps input path"),
@@ -318,7 +322,11 @@ def test_bad_settings_fail_before_the_model_loads(tmp_path, overrides, error, me
     overrides = {k: v.format(tmp=tmp_path) if isinstance(v, str) else v for k, v in overrides.items()}
     cfg = config(
         tmp_path,
-        **{"predictor": "tests.predictors:LoadMarker", "predictor_kwargs": {"marker": str(marker)}, **overrides},
+        **{
+            "predictor": "tests.support.predictors:LoadMarker",
+            "predictor_kwargs": {"marker": str(marker)},
+            **overrides,
+        },
     )
     with pytest.raises(error, match=message.format(tmp=tmp_path)):
         run_batch_inference(cfg)
@@ -454,7 +462,7 @@ def test_a_stage_returning_the_wrong_row_count_is_named(tmp_path):
     with pytest.raises(
         Exception, match=r"stage 'drop_one_row' returned column 'score' with 99 rows for a batch of 100"
     ):
-        run_batch_inference(config(tmp_path, predictor="tests.predictors:drop_one_row"))
+        run_batch_inference(config(tmp_path, predictor="tests.support.predictors:drop_one_row"))
     assert commit_count(tmp_path / "out") == 0
 
 
@@ -533,7 +541,7 @@ def test_a_crash_while_records_wait_for_their_batch_redoes_only_those_ranges(tmp
     # Records wait up to a minute: the third range is published when the process dies, and only
     # the first one, recorded at once, is recorded.
     env = {"RAYBATCH_TEST_CRASH": "published:3", "RAYBATCH_RECORD_INTERVAL_S": "60"}
-    crashed = run_in_subprocess(tmp_path, "tests.predictors:score", {}, env=env)
+    crashed = run_in_subprocess(tmp_path, "tests.support.predictors:score", {}, env=env)
     kill_leftovers(crashed.ray_tmp)
     assert crashed.returncode == -signal.SIGKILL, crashed.output
     out = tmp_path / "out"
@@ -571,7 +579,10 @@ class PlanRecorder(logging.Handler):
 
 def test_replicas_on_cpus_read_and_write_their_own_rows(tmp_path):
     write_input(tmp_path / "in", [250, 130])
-    stages = [Stage("tests.predictors:normalize", batch_size=40), Stage("tests.predictors:SumModel", batch_size=40)]
+    stages = [
+        Stage("tests.support.predictors:normalize", batch_size=40),
+        Stage("tests.support.predictors:SumModel", batch_size=40),
+    ]
     with PlanRecorder() as recorder:
         run_batch_inference(config(tmp_path, stages=stages))
     (plan,) = recorder.plans
@@ -598,11 +609,11 @@ ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env=python_pat
 def config(output, *stages):
     return BatchInferenceConfig(sys.argv[1], output, list(stages), id_column="id", rows_per_range=100)
 try:  # read tasks need a CPU of their own beside a GPU stage's replicas
-    run_batch_inference(config(sys.argv[2] + "-refused", Stage("tests.predictors:SumModel", num_cpus=2, num_gpus=1)))
+    run_batch_inference(config(sys.argv[2] + "-refused", Stage("tests.support.predictors:SumModel", num_cpus=2, num_gpus=1)))
 except Exception as e:
     print("REFUSED " + str(e))
-stages = [Stage("tests.predictors:normalize", batch_size=40),
-          Stage("tests.predictors:SumModel", batch_size=40, num_gpus=1)]
+stages = [Stage("tests.support.predictors:normalize", batch_size=40),
+          Stage("tests.support.predictors:SumModel", batch_size=40, num_gpus=1)]
 with PlanRecorder() as recorder:
     run_batch_inference(config(sys.argv[2], *stages))
 ray.shutdown()

@@ -24,7 +24,7 @@ from airflow_provider_raybatch.pipeline.runtime.shared.folder import read_record
 from airflow_provider_raybatch.pipeline.runtime.shared.head import stop_shared_heads
 from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import head_processes
 from airflow_provider_raybatch.pipeline.runtime.shared.settings import LocalRaySettings, head_dir
-from tests.data import assert_output_sound, write_input
+from tests.support.data import assert_output_sound, write_input
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc")
 
@@ -297,7 +297,7 @@ WHERE_SCORED = """
 import sys
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-stages = [Stage("tests.predictors:WhereScored", concurrency=1)]
+stages = [Stage("tests.support.predictors:WhereScored", concurrency=1)]
 run_batch_inference(BatchInferenceConfig(sys.argv[1], sys.argv[2], stages, id_column="id", rows_per_range=100))
 """
 
@@ -354,7 +354,7 @@ import logging, sys
 logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-stages = [Stage("tests.predictors:WaitWhileMarked", {"marker": sys.argv[3]}, num_gpus=1)]
+stages = [Stage("tests.support.predictors:WaitWhileMarked", {"marker": sys.argv[3]}, num_gpus=1)]
 timeout = float(sys.argv[4]) if len(sys.argv) > 4 else None
 run_batch_inference(
     BatchInferenceConfig(sys.argv[1], sys.argv[2], stages, id_column="id", rows_per_range=500, progress_timeout=timeout)

@@ -1,6 +1,6 @@
 """Exactly once when the object store fails the way stores do: ambiguous writes, lost replies, throttling.
 
-A real moto S3 server behind :class:`tests.fault_proxy.FaultProxy` on loopback, reached through
+A real moto S3 server behind :class:`tests.support.fault_proxy.FaultProxy` on loopback, reached through
 s3fs, and a real local Ray. A "task" is a sequence of tries of ``run_batch_inference`` (as
 Airflow's retries would make them); each case checks, after every successful try, that the
 output passes the verifier, holds every input row exactly once and matches the try's summary.
@@ -25,8 +25,8 @@ from airflow_provider_raybatch.pipeline.planning.planner import plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.store.retries import STORE_RETRY_ENV
 from airflow_provider_raybatch.pipeline.summary import RunSummary
-from tests.data import features_table
-from tests.fault_proxy import FaultProxy, Rule
+from tests.support.data import features_table
+from tests.support.fault_proxy import FaultProxy, Rule
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -85,7 +85,7 @@ def task_config(s3_server, proxy: FaultProxy, prefix: str) -> BatchInferenceConf
     return BatchInferenceConfig(
         input_path=f"s3://{BUCKET}/{prefix}/in",
         output_path=f"s3://{BUCKET}/{prefix}/out",
-        stages=[Stage("tests.predictors:score")],
+        stages=[Stage("tests.support.predictors:score")],
         id_column="id",
         rows_per_range=50,
         storage_options=store_options(s3_server, proxy),
@@ -342,7 +342,7 @@ def test_writes_with_an_unknown_outcome_on_azure_and_gcs_end_exactly_once(reques
         config = BatchInferenceConfig(
             input_path=f"{name}://{BUCKET}/{prefix}/in",
             output_path=f"{name}://{BUCKET}/{prefix}/out",
-            stages=[Stage("tests.predictors:score")],
+            stages=[Stage("tests.support.predictors:score")],
             id_column="id",
             rows_per_range=50,
             storage_options=options,

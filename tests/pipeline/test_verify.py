@@ -13,8 +13,8 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.data import write_input
 from tests.pipeline.test_runner import config
+from tests.support.data import write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -25,7 +25,10 @@ def finished(tmp_path_factory):
     write_input(tmp_path / "in", [300, 200])
     run_batch_inference(
         config(
-            tmp_path, predictor="tests.predictors:RejectSome", predictor_kwargs={"invalid_every": 7}, rows_per_range=50
+            tmp_path,
+            predictor="tests.support.predictors:RejectSome",
+            predictor_kwargs={"invalid_every": 7},
+            rows_per_range=50,
         )
     )
     return tmp_path / "out"

@@ -19,7 +19,7 @@ from airflow_provider_raybatch.pipeline.execution.watchdog import Watchdog
 from airflow_provider_raybatch.pipeline.planning.planner import Plan, RowRange
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import Progress
-from tests.data import assert_exactly_once, assert_output_sound, read_output, write_input
+from tests.support.data import assert_exactly_once, assert_output_sound, read_output, write_input
 
 
 def hanging_config(tmp_path: Path, hang_id: int, kind: type[Stage] = Stage, **kwargs) -> BatchInferenceConfig:
@@ -27,11 +27,11 @@ def hanging_config(tmp_path: Path, hang_id: int, kind: type[Stage] = Stage, **kw
     marker = tmp_path / "hang-marker"
     marker.touch()
     settings = {"input_path": str(tmp_path / "in"), "output_path": str(tmp_path / "out"), **kwargs}
-    predictor = "tests.stall_predictors:" + ("hanging_transform" if kind is TransformStage else "HangOnce")
+    predictor = "tests.support.stall_predictors:" + ("hanging_transform" if kind is TransformStage else "HangOnce")
     return BatchInferenceConfig(
         stages=[
             kind(predictor, {"marker": str(marker), "hang_id": hang_id}, name="hangs", num_cpus=0.5, batch_size=100),
-            Stage("tests.stall_predictors:double", name="doubles", num_cpus=0.5),
+            Stage("tests.support.stall_predictors:double", name="doubles", num_cpus=0.5),
         ],
         id_column="id",
         rows_per_range=100,

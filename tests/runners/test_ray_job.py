@@ -19,7 +19,7 @@ def config(tmp_path) -> BatchInferenceConfig:
     cfg = BatchInferenceConfig(
         input_path=str(tmp_path / "in"),
         output_path=str(tmp_path / "out"),
-        stages=[Stage(predictor="tests.predictors:score")],
+        stages=[Stage(predictor="tests.support.predictors:score")],
     )
     OutputLedger.open(cfg.output_path).fs.makedirs(str(tmp_path / "out" / "_raybatch"), exist_ok=True)
     return cfg

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
-from tests.ray_cluster import connection
+from tests.support.ray_cluster import connection
 
 CONN_ID = "ray_trigger_test"
 

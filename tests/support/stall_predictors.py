@@ -1,7 +1,7 @@
 """Predictors of the watchdog tests: numpy only, so that replicas start in about a second.
 
 The watchdog counts a stage's start-up as time without progress; importing torch (as
-``tests.predictors`` does) takes seconds per replica, more on a loaded machine.
+``tests.support.predictors`` does) takes seconds per replica, more on a loaded machine.
 """
 
 from __future__ import annotations

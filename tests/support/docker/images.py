@@ -3,7 +3,7 @@
 No image registry is reachable here, so the official bases (`apache/airflow`, `rayproject/ray`,
 `postgres`, `minio/minio`) are built as stand-ins under the same names from Debian packages and
 PyPI: a Debian bookworm root file system made by `mmdebstrap --variant=minbase` and
-`docker import`ed, then one Dockerfile per stand-in under tests/docker/standins/, whose Python
+`docker import`ed, then one Dockerfile per stand-in under tests/support/docker/standins/, whose Python
 packages uv installs. Each stand-in is built once per machine: skipped when its tag exists with
 the digest of its definition in its label (its folder, the packages and pins it installs, the
 base's digest, the machine's extra CAs), rebuilt when any of them changed. The project's images
@@ -33,7 +33,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from tests.conftest import REPO
-from tests.docker.engine import Engine
+from tests.support.docker.engine import Engine
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 BASE_TAG = "raybatch-standin/debian:bookworm"

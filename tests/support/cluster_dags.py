@@ -1,6 +1,6 @@
 """A one-task DAG that runs on the test Ray cluster (connection ``ray_cluster``).
 
-``python -m tests.operators.cluster_dags '<json operator kwargs>'`` runs it with ``dag.test()``
+``python -m tests.support.cluster_dags '<json operator kwargs>'`` runs it with ``dag.test()``
 in a process of its own, so that a test can kill the task process.
 """
 
@@ -26,7 +26,7 @@ def cluster_dag(dag_id: str, **operator_kwargs: Any) -> DAG:
             ray_conn_id=CONN_ID,
             id_column="id",
             poll_interval=0.5,
-            **{"predictor": "tests.predictors:score", "num_cpus": 0.5, **operator_kwargs},
+            **{"predictor": "tests.support.predictors:score", "num_cpus": 0.5, **operator_kwargs},
         )
     return dag
 
@@ -37,7 +37,7 @@ def mapped_cluster_dag(dag_id: str, partitions: int, *, plan_deferrable: bool = 
         "ray_conn_id": CONN_ID,
         "id_column": "id",
         "poll_interval": 0.5,
-        **{"predictor": "tests.predictors:score", "num_cpus": 0.5, **operator_kwargs},
+        **{"predictor": "tests.support.predictors:score", "num_cpus": 0.5, **operator_kwargs},
     }
     with DAG(dag_id, schedule=None, start_date=LOGICAL_DATE) as dag:
         plan = RayBatchInferenceOperator(

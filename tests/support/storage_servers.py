@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: Azurite, installed once by npm into this git-ignored folder (node 20 and npm are on the machine).
 AZURITE_VERSION = "3.37.0"
 AZURITE_PREFIX = REPO / ".cache" / "azurite"
@@ -71,9 +71,9 @@ def gcs_emulator(work: Path) -> Server:
     except ImportError as e:
         raise ServerUnavailable(f"gcp-storage-emulator is not installed ({e}); it comes with the dev extra") from e
     port, log = free_port(), work / "gcs-emulator.log"
-    args = [sys.executable, "-m", "tests.gcs_emulator", "start", "--host", "127.0.0.1", "--port", str(port)]
+    args = [sys.executable, "-m", "tests.support.gcs_emulator", "start", "--host", "127.0.0.1", "--port", str(port)]
     with open(log, "wb") as out:
-        # From the checkout: the emulator runs with the move call added (tests/gcs_emulator.py).
+        # From the checkout: the emulator runs with the move call added (tests/support/gcs_emulator.py).
         proc = subprocess.Popen([*args, "--in-memory"], stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
     _wait_for_port(port, proc, log)
     return Server(proc, f"http://127.0.0.1:{port}", log)

@@ -14,7 +14,7 @@ class GenerateEngine(ProcessorEngine):
     """``POST {base_url}/generate`` with ``{"inputs", "parameters"}``, answered ``{"generated_text"}``."""
 
     name = "tgi"
-    predictor = "tests.llm.tgi_engine:build_transform"
+    predictor = "tests.support.tgi_engine:build_transform"
     engine_stage = "HttpRequestStage"
     needs_endpoint = True
     sampling_params = ("max_tokens", "temperature")

@@ -1,4 +1,4 @@
-"""A module that warm workers import ahead in the tests (``tests.predictors.WhereScored``): it notes
+"""A module that warm workers import ahead in the tests (``tests.support.predictors.WhereScored``): it notes
 which process imported it."""
 
 import os

@@ -3,7 +3,7 @@
 gcsfs moves an object with ``POST .../o/<src>/moveTo/o/<dst>`` and falls back to copy and delete
 only after its retries of the emulator's 501 (some 30 s per move). Here the call is answered, as
 a copy then a delete (GCS moves atomically; the tests do not rely on it), so that a move costs
-what it costs on GCS. Run as ``python -m tests.gcs_emulator start ...`` (the emulator's own arguments).
+what it costs on GCS. Run as ``python -m tests.support.gcs_emulator start ...`` (the emulator's own arguments).
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.conftest import REPO, free_port
-from tests.docker import images
-from tests.docker.engine import Engine
+from tests.support.docker import images
+from tests.support.docker.engine import Engine
 
 PROJECT = "raybatch-compose-test"
 COMPOSE_FILE = REPO / "docker" / "compose.yaml"

@@ -135,12 +135,12 @@ class WhereScored:
     """The process that scored each row, the task's mark in its environment, and whether the
     replica's warm imports were there before it was built (a warm worker imported them ahead)."""
 
-    warm_imports = ("tests.warm_import",)
+    warm_imports = ("tests.support.warm_import",)
 
     def __init__(self):
         import sys
 
-        self.preloaded = "tests.warm_import" in sys.modules
+        self.preloaded = "tests.support.warm_import" in sys.modules
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = len(batch["id"])
