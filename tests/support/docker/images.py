@@ -323,7 +323,8 @@ def ensure_standins(engine: Engine, log: list[str]) -> None:
 def build_project_images(engine: Engine, log: list[str]) -> dict[str, str]:
     """docker/airflow.Dockerfile and docker/ray.Dockerfile on the stand-ins, as a user builds them
     but with this repository's constraints (GitHub's constraint files are not reachable here)."""
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    from airflow_provider_raybatch import __version__ as version
+
     images = {"airflow": f"raybatch-airflow:{version}", "ray": f"raybatch-ray:{version}"}
     args = {
         "airflow": ["--build-arg", "AIRFLOW_CONSTRAINTS=/opt/raybatch/constraints.txt"],
