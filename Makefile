@@ -19,7 +19,7 @@ DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 # Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
 TODAY := $(shell date -u +%F)
 
-.PHONY: demo demo-llm test lint bench soak daft-env clean
+.PHONY: demo demo-llm test lint docs bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,11 @@ soak: $(VENV)/.installed-dev
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The documentation site (docs/, Markdown pages and the API reference from the docstrings), warnings as
+# errors; open docs/_build/html/index.html. tests/test_docs.py builds it the same way.
+docs: $(VENV)/.installed-dev
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 clean:
 	rm -rf .airflow .demo

@@ -4,8 +4,8 @@
 assume-role, region and endpoint), ``gcp_conn_id`` through the Google provider's hook when it is
 installed (else google-auth reads the same connection fields), ``azure_conn_id`` through the Azure
 provider's ``WasbHook``. The result is fsspec ``storage_options`` keyed by store
-(``{"s3": {...}, "gs": {...}, "abfs": {...}}``), which :func:`.pipeline.storage.resolve` picks from
-per path. Providers are imported here, inside the resolution, never when an operator is imported.
+(``{"s3": {...}, "gs": {...}, "abfs": {...}}``), which :func:`~airflow_provider_raybatch.pipeline.store.files.resolve`
+picks from per path. Providers are imported here, inside the resolution, never when an operator is imported.
 
 Used by the task only: a Ray Job on a cluster never receives them (it uses the cluster's
 environment), and they are never logged, returned or written with the output. Each secret is

@@ -29,8 +29,8 @@ class RayHook(BaseHook):
     """Resolves a ``ray`` connection to where a pipeline runs, and runs jobs on a cluster.
 
     With no connection of that id, a connection without a host, or ``ray_conn_id=None``,
-    pipelines run on an embedded local Ray started inside the task and shut down when it ends:
-    everything works on a laptop. Otherwise the host is a Ray cluster's dashboard / Jobs API
+    pipelines run on a local Ray in the task: the host's warm shared Ray by default, or one
+    started for the task with ``RAYBATCH_LOCAL_RAY=per-task``; everything works on a laptop. Otherwise the host is a Ray cluster's dashboard / Jobs API
     address (``http(s)://head:8265``) and pipelines run there as Ray Jobs. The password, if set,
     is the cluster's auth token (sent as ``Authorization: Bearer``); the extras are declared in
     ``get_provider_info`` (``conn-fields``).
