@@ -71,11 +71,11 @@ test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 # model and Daft too, ~3 more by estimate; 25-30 under load); BENCH_ARGS=--quick for small sizes.
 # Results: benchmarks/results/ (see benchmarks/README.md).
 bench: $(VENV)/.installed-dev $(DAFT_VENV)/.installed
-	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
+	$(PY) -m benchmarks.run_all $(BENCH_ARGS)
 
 # The store-fault soak (benchmarks/store_fault_soak.py): 100 tasks under random faults, ~30 min on 2 cores.
 soak: $(VENV)/.installed-dev
-	$(PY) benchmarks/store_fault_soak.py $(SOAK_ARGS)
+	$(PY) -m benchmarks.store_fault_soak $(SOAK_ARGS)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

@@ -7,19 +7,17 @@ writer) is identical, so the difference is what checkpointing costs: a read task
 rename and a commit record per range, and shorter blocks. All runs share one embedded Ray and
 are interleaved, so Ray's start-up (5-9 s, noisy) is not part of the comparison.
 
-    python benchmarks/checkpoint_cost.py                 # 2M rows, 3 repeats
-    python benchmarks/checkpoint_cost.py --rows 4000000
+    python -m benchmarks.checkpoint_cost                 # 2M rows, 3 repeats
+    python -m benchmarks.checkpoint_cost --rows 4000000
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import Results, base_parser, common_params, make_input, median, ratio, run_variant
+from benchmarks.support.cli import base_parser, common_params
+from benchmarks.support.data import make_input
+from benchmarks.support.results import Results
+from benchmarks.support.runs import run_variant
+from benchmarks.support.stats import median, ratio
 
 TARGET_SLOWDOWN = 0.05
 

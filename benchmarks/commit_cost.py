@@ -6,19 +6,15 @@ as the provider does (fenced by a held lease, fsynced), with fsync turned off, a
 of the benchmarks' input (int64 id + 32 float32 features, as the model reads them), written the
 way the range writers write it, so the per-commit overhead can be set against writing the range.
 
-    python benchmarks/commit_cost.py                      # 200 ranges of 100k rows... see --help
-    python benchmarks/commit_cost.py --ranges 500 --rows-per-range 25000
+    python -m benchmarks.commit_cost                      # 200 ranges of 100k rows... see --help
+    python -m benchmarks.commit_cost --ranges 500 --rows-per-range 25000
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +22,9 @@ import pyarrow.parquet as pq
 
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
-from benchmarks.common import Results, base_parser, median
+from benchmarks.support.cli import base_parser
+from benchmarks.support.results import Results
+from benchmarks.support.stats import median
 
 
 def range_table(rows: int) -> pa.Table:

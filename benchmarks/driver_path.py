@@ -7,32 +7,23 @@ the driver took from Ray Data (counted around ``Dataset.iter_batches`` in the ch
 the output's bytes on disk, the driver process's peak RSS, and wall time. The earlier commit is
 checked out into a temporary git worktree; its package is imported in place of this one.
 
-    python benchmarks/driver_path.py                   # 1M rows
-    python benchmarks/driver_path.py --rows 200000     # quick
+    python -m benchmarks.driver_path                   # 1M rows
+    python -m benchmarks.driver_path --rows 200000     # quick
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import (
-    BEFORE_SCALE_OUT,
-    REPO,
-    Results,
-    base_parser,
-    common_params,
-    make_input,
-    provider_at,
-    ratio,
-    run_variant,
-)
 from benchmarks.scale import CLUSTER_ENV, NODE_CPUS, LocalCluster
+from benchmarks.support.cli import base_parser, common_params
+from benchmarks.support.data import make_input
+from benchmarks.support.history import BEFORE_SCALE_OUT, provider_at
+from benchmarks.support.paths import REPO
+from benchmarks.support.results import Results
+from benchmarks.support.runs import run_variant
+from benchmarks.support.stats import ratio
 
 MODELS = ["light", "wide"]
 DRIVER_BYTES_TARGET = 0.01  # the driver receives metadata only: under 1 % of the output's bytes

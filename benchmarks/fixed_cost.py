@@ -10,28 +10,20 @@ each with a Ray started for the task (``per-task``), then Ray alone, one range a
 rows on the host's shared Ray once it is warm (``shared``: started by an untimed first run),
 with the warm workers the previous run of the same environment left, and in a new environment.
 
-    python benchmarks/fixed_cost.py
+    python -m benchmarks.fixed_cost
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import (
-    Results,
-    base_parser,
-    commit_timeline,
-    common_params,
-    make_input,
-    median,
-    run_variant,
-    shared_ray_env,
-)
+from benchmarks.support.cli import base_parser, common_params
+from benchmarks.support.commits import commit_timeline
+from benchmarks.support.data import make_input
+from benchmarks.support.processes import shared_ray_env
+from benchmarks.support.results import Results
+from benchmarks.support.runs import run_variant
+from benchmarks.support.stats import median
 
 SMALL_ROWS = 10_000
 

@@ -15,29 +15,27 @@ its first new range; planning the input is the same in both layouts) and the obj
 Then the recording side: seconds per range to make records durable, one object per range vs one
 segment per batch (fsync and fencing as a run does them), and the plan's size both ways.
 
-    python benchmarks/ledger_cost.py                                   # local filesystem
-    python benchmarks/ledger_cost.py --s3 --ranges 1000 10000          # moto S3 server (moto[server])
+    python -m benchmarks.ledger_cost                                   # local filesystem
+    python -m benchmarks.ledger_cost --s3 --ranges 1000 10000          # moto S3 server (moto[server])
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import _encode
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord
 from airflow_provider_raybatch.pipeline.planning.input_files import InputFile
 from airflow_provider_raybatch.pipeline.planning.planner import Plan, plan_ranges
-from benchmarks.common import Results, base_parser, moto_s3
+from benchmarks.support.cli import base_parser
+from benchmarks.support.data import moto_s3
+from benchmarks.support.results import Results
 
 BUCKET = "raybatch-bench"
 

@@ -6,18 +6,16 @@ store once per process that maps it: an over-estimate) and the sum of PSS (share
 among their users: the tree's real footprint). Streaming means the peak does not grow with the
 input; the plain loop is shown for scale.
 
-    python benchmarks/memory.py
+    python -m benchmarks.memory
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import Results, base_parser, common_params, make_input, ratio, run_variant
+from benchmarks.support.cli import base_parser, common_params
+from benchmarks.support.data import make_input
+from benchmarks.support.results import Results
+from benchmarks.support.runs import run_variant
+from benchmarks.support.stats import ratio
 
 VARIANTS = ["operator", "plain"]
 #: "Bounded": the peak at the largest input may exceed the smallest's by sampling noise only.

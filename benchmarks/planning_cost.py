@@ -6,19 +6,15 @@ the ranges. The baseline does the least any planner must: list the files and rea
 with ``pyarrow.parquet.read_metadata``, with the same 16 threads. Both run in one process on the
 same files, interleaved; the page cache is warm for both after a discarded first pass.
 
-    python benchmarks/planning_cost.py                  # 10,000 files of 100 rows, 3 repeats
-    python benchmarks/planning_cost.py --files 2000
+    python -m benchmarks.planning_cost                  # 10,000 files of 100 rows, 3 repeats
+    python -m benchmarks.planning_cost --files 2000
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +22,9 @@ import pyarrow.parquet as pq
 
 from airflow_provider_raybatch.pipeline.planning.planner import plan_input
 from airflow_provider_raybatch.pipeline.store.files import resolve
-from benchmarks.common import Results, base_parser, median
+from benchmarks.support.cli import base_parser
+from benchmarks.support.results import Results
+from benchmarks.support.stats import median
 
 
 def make_files(folder: Path, files: int, rows: int) -> None:

@@ -4,31 +4,22 @@ A full run first, then a fresh run in a child process that is killed (SIGKILL, a
 or a lost worker would) once about half the ranges have commit records, then a rerun on the
 same output. The rerun's summary says how many rows it processed and how long it took.
 
-    python benchmarks/resume.py                # 4M rows
-    python benchmarks/resume.py --rows 1000000
+    python -m benchmarks.resume                # 4M rows
+    python -m benchmarks.resume --rows 1000000
 """
 
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import (
-    Results,
-    VariantRun,
-    base_parser,
-    commit_records,
-    commit_timeline,
-    common_params,
-    make_input,
-    ratio,
-    run_variant,
-)
+from benchmarks.support.cli import base_parser, common_params
+from benchmarks.support.commits import commit_records, commit_timeline
+from benchmarks.support.data import make_input
+from benchmarks.support.results import Results
+from benchmarks.support.runs import VariantRun, run_variant
+from benchmarks.support.stats import ratio
 
 TARGET_ROWS = 0.55
 TARGET_TIME = 0.6

@@ -1,21 +1,18 @@
 """Run every benchmark in turn and gather their tables into ``<out>/all.md``.
 
-python benchmarks/run_all.py            # full sizes: about 13 minutes on 2 quiet cores, 30 under load
-python benchmarks/run_all.py --quick    # small sizes: checks that everything runs
+python -m benchmarks.run_all            # full sizes: about 13 minutes on 2 quiet cores, 30 under load
+python -m benchmarks.run_all --quick    # small sizes: checks that everything runs
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from benchmarks import checkpoint_cost, commit_cost, fixed_cost, memory, resume, scale, throughput
-from benchmarks.common import DEFAULT_RESULTS_DIR, DEFAULT_WORK_DIR, machine
+from benchmarks.support.paths import DEFAULT_RESULTS_DIR, DEFAULT_WORK_DIR
+from benchmarks.support.results import machine
 
 BENCHMARKS = {
     "throughput": (throughput, ["--rows", "200000", "400000"]),

@@ -7,8 +7,8 @@ multi-node code path (actors and read tasks on another raylet, blocks crossing o
 stores), not more hardware. Runs against the cluster connect to it (``ray_address``), so they
 pay no Ray start-up; compare their steady rates (between the first and last commit).
 
-    python benchmarks/scale.py                 # 2M rows
-    python benchmarks/scale.py --no-cluster    # embedded Ray only
+    python -m benchmarks.scale                 # 2M rows
+    python -m benchmarks.scale --no-cluster    # embedded Ray only
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-from benchmarks.common import REPO, Results, base_parser, commit_timeline, common_params, make_input, run_variant
+from benchmarks.support.cli import base_parser, common_params
+from benchmarks.support.commits import commit_timeline
+from benchmarks.support.data import make_input
+from benchmarks.support.paths import REPO
+from benchmarks.support.results import Results
+from benchmarks.support.runs import run_variant
 
 NODE_CPUS = 2
 #: A private cluster: no token to hand around (Ray enables token auth for new clusters).

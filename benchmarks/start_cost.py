@@ -16,37 +16,29 @@ runs (embedded Ray, light model), each killed as soon as its first range file ap
 
 Also the planner alone over all the files (``planning_cost.py``'s measure) in seconds per file.
 
-    python benchmarks/start_cost.py                          # 100,000 files: up to 1M ranges
-    python benchmarks/start_cost.py --files 1000 --s3        # output on a moto S3 server
+    python -m benchmarks.start_cost                          # 100,000 files: up to 1M ranges
+    python -m benchmarks.start_cost --files 1000 --s3        # output on a moto S3 server
 """
 
 from __future__ import annotations
 
 import math
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.store.files import resolve
-from benchmarks.common import (
-    BEFORE_SCALE_OUT,
-    REPO,
-    Results,
-    VariantRun,
-    base_parser,
-    moto_s3,
-    provider_at,
-    ratio,
-    weights,
-)
 from benchmarks.ledger_cost import BUCKET, write_layout_1, write_manifest
 from benchmarks.planning_cost import make_files, planner
+from benchmarks.support.cli import base_parser
+from benchmarks.support.data import moto_s3, weights
+from benchmarks.support.history import BEFORE_SCALE_OUT, provider_at
+from benchmarks.support.paths import REPO
+from benchmarks.support.results import Results
+from benchmarks.support.runs import VariantRun
+from benchmarks.support.stats import ratio
 
 FILE_DIGITS = 6  # part-000000.parquet: subsets of 10^k files are the globs part-0...0*.parquet
 LEFT = 10  # ranges left to do in a resume: the last file's

@@ -1,4 +1,4 @@
-"""A seeded soak of the commit protocol under random store faults: `make soak` (or this script).
+"""A seeded soak of the commit protocol under random store faults: `make soak` (or `python -m benchmarks.store_fault_soak`).
 
 Many tasks, each a sequence of tries of ``run_batch_inference`` (as Airflow's retries make them),
 on a moto S3 server behind the fault-injecting proxy of the tests (``tests/support/fault_proxy.py``):
@@ -24,10 +24,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 BUCKET = "raybatch-soak"
 
@@ -60,7 +56,7 @@ def soak(tasks: int, rate: float, seed: int, tries: int = 4, retry_s: float = 5.
     from airflow_provider_raybatch.pipeline.errors import NotRetryableError
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
     from airflow_provider_raybatch.pipeline.store.retries import STORE_RETRY_ENV
-    from benchmarks.common import moto_s3
+    from benchmarks.support.data import moto_s3
     from tests.support.data import features_table
     from tests.support.fault_proxy import FaultProxy
 
@@ -145,7 +141,8 @@ def _check(direct: Any, options: dict[str, Any], prefix: str, rows: int, summary
 
 
 def main() -> None:
-    from benchmarks.common import DEFAULT_RESULTS_DIR, Results
+    from benchmarks.support.paths import DEFAULT_RESULTS_DIR
+    from benchmarks.support.results import Results
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=100)

@@ -7,32 +7,20 @@ Two models by default: ``heavy`` (32-256-256-10, inference is most of the time) 
 ``operator`` starts a Ray for its task, as ``RAYBATCH_LOCAL_RAY=per-task`` does;
 ``operator_shared`` runs on the host's shared local Ray, warm (an untimed first run starts it).
 
-    python benchmarks/throughput.py                                # 1M and 4M rows, both models
-    python benchmarks/throughput.py --rows 200000 --model light    # quick
+    python -m benchmarks.throughput                                # 1M and 4M rows, both models
+    python -m benchmarks.throughput --rows 200000 --model light    # quick
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import (
-    DAFT_ENV_HINT,
-    DAFT_PYTHON,
-    Results,
-    base_parser,
-    commit_timeline,
-    common_params,
-    make_input,
-    median,
-    ratio,
-    run_variant,
-    shared_ray_env,
-)
 from benchmarks.model import SHAPES
+from benchmarks.support.cli import base_parser, common_params
+from benchmarks.support.commits import commit_timeline
+from benchmarks.support.data import make_input
+from benchmarks.support.processes import shared_ray_env
+from benchmarks.support.results import Results
+from benchmarks.support.runs import DAFT_ENV_HINT, DAFT_PYTHON, run_variant
+from benchmarks.support.stats import median, ratio
 
 VARIANTS = ["plain", "operator", "operator_shared", "handwritten_arrow", "handwritten", "daft"]
 OPERATORS = ("operator", "operator_shared")

@@ -1,7 +1,7 @@
 """The ways of scoring the same Parquet with the same model that the benchmarks compare.
 
 ``python -m benchmarks.variants NAME '{"input": ..., "output": ..., ...}'`` runs one of them
-in this process and prints ``RESULT {json}``; ``benchmarks.common.run_variant`` does that in a
+in this process and prints ``RESULT {json}``; ``benchmarks.support.runs.run_variant`` does that in a
 child process. The clock starts after the imports that every variant shares (pyarrow, torch,
 and Airflow for the operator, as a task process already has them) and stops when the output is
 complete and Ray is shut down.

@@ -100,7 +100,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server on loopback; yields fsspec storage options that reach it."""
-    from benchmarks.common import moto_s3
+    from benchmarks.support.data import moto_s3
 
     options, server = moto_s3("raybatch-test")
     yield options

@@ -19,7 +19,8 @@ def test_throughput_script_runs_and_writes_its_results(tmp_path):
     run = subprocess.run(
         [
             sys.executable,
-            str(REPO / "benchmarks" / "throughput.py"),
+            "-m",
+            "benchmarks.throughput",
             "--rows",
             "3000",
             "--variants",
@@ -30,6 +31,7 @@ def test_throughput_script_runs_and_writes_its_results(tmp_path):
             "heavy",
         ]
         + ["--out", str(out), "--work-dir", str(tmp_path / "data"), "--batch-size", "1000"],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
@@ -51,8 +53,9 @@ def test_throughput_script_runs_and_writes_its_results(tmp_path):
 def test_commit_cost_script_runs(tmp_path):
     out = tmp_path / "results"
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "commit_cost.py"), "--ranges", "3", "--repeats", "1"]
+        [sys.executable, "-m", "benchmarks.commit_cost", "--ranges", "3", "--repeats", "1"]
         + ["--rows-per-range", "1000", "--out", str(out), "--work-dir", str(tmp_path / "data")],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
@@ -65,8 +68,9 @@ def test_commit_cost_script_runs(tmp_path):
 def test_ledger_cost_script_runs(tmp_path):
     out = tmp_path / "results"
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "ledger_cost.py"), "--ranges", "50", "--record-each", "5"]
+        [sys.executable, "-m", "benchmarks.ledger_cost", "--ranges", "50", "--record-each", "5"]
         + ["--out", str(out), "--work-dir", str(tmp_path / "data")],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
@@ -82,8 +86,9 @@ def test_ledger_cost_script_runs(tmp_path):
 
 def test_throughput_without_daft_env_says_how_to_create_it(tmp_path):
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--rows", "3000", "--variants", "daft"]
+        [sys.executable, "-m", "benchmarks.throughput", "--rows", "3000", "--variants", "daft"]
         + ["--out", str(tmp_path / "results"), "--work-dir", str(tmp_path / "data")],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
@@ -105,8 +110,9 @@ def test_throughput_daft_variant_scores_like_the_plain_loop(tmp_path):
     # Daft runs with .venv-daft's interpreter (pyarrow 25): the same logits as the plain loop's.
     out, work = tmp_path / "results", tmp_path / "data"
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--rows", "3000", "--model", "light"]
+        [sys.executable, "-m", "benchmarks.throughput", "--rows", "3000", "--model", "light"]
         + ["--variants", "plain", "daft", "--out", str(out), "--work-dir", str(work), "--batch-size", "1000"],
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,

@@ -31,7 +31,7 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.store.files import create_file, resolve
-from benchmarks.common import kill_ray_leftovers
+from benchmarks.support.processes import kill_ray_leftovers
 from tests.conftest import run_dag
 from tests.support.data import assert_exactly_once, features_table
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.common import kill_ray_leftovers, ray_processes_of
+from benchmarks.support.processes import kill_ray_leftovers, ray_processes_of
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc")
 

@@ -26,7 +26,7 @@ from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_IN
 from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
-from benchmarks.common import kill_ray_leftovers, ray_processes_of
+from benchmarks.support.processes import kill_ray_leftovers, ray_processes_of
 from tests.support.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 
 pytestmark = pytest.mark.usefixtures("ray_local")

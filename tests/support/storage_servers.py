@@ -1,6 +1,6 @@
 """Real storage servers on loopback for the object-store tests: a GCS emulator, Azurite, an OAuth token endpoint.
 
-moto's S3 (and STS) is ``benchmarks.common.moto_s3``. Each server here is a real process speaking
+moto's S3 (and STS) is ``benchmarks.support.data.moto_s3``. Each server here is a real process speaking
 the store's HTTP API; the tests reach it through gcsfs / adlfs exactly as a cloud would be reached.
 """
 

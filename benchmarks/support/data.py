@@ -1,0 +1,70 @@
+"""The work every benchmark does: generated Parquet input, the model's weights, the input's
+constants (file and row group sizes, batch size, torch threads), and a moto S3 server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROWS_PER_FILE = 500_000
+ROW_GROUP_ROWS = 100_000
+BATCH_SIZE = 4096
+THREADS = os.cpu_count() or 1
+
+
+def make_input(work_dir: Path, rows: int, rows_per_file: int = ROWS_PER_FILE, seed: int = 0) -> Path:
+    """Parquet files of ``id`` (int64) and ``features`` (32 float32), reused when already there."""
+    from benchmarks.model import FEATURES
+
+    folder = work_dir / f"input-{rows}-{rows_per_file}"
+    marker = folder / "_COMPLETE"  # a leading underscore: the planner skips it
+    if marker.exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    start, index = 0, 0
+    while start < rows or index == 0:
+        n = min(rows_per_file, rows - start)
+        x = rng.standard_normal((n, FEATURES), dtype=np.float32)
+        table = pa.table(
+            {
+                "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+                "features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES),
+            }
+        )
+        pq.write_table(table, folder / f"part-{index:04d}.parquet", row_group_size=ROW_GROUP_ROWS)
+        start, index = start + n, index + 1
+    marker.touch()
+    return folder
+
+
+def weights(work_dir: Path, model: str = "heavy") -> Path:
+    from benchmarks.model import SHAPES, save_weights
+
+    name = "mlp.safetensors" if model == "heavy" else f"mlp-{model}.safetensors"
+    return save_weights(work_dir / name, **SHAPES[model])
+
+
+def moto_s3(bucket: str) -> tuple[dict[str, Any], Any]:
+    """A moto S3 server on loopback holding an empty ``bucket``: (fsspec storage options, server to stop)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{server._server.server_port}", "region_name": "us-east-1"},
+    }
+    boto3.client(
+        "s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]
+    ).create_bucket(Bucket=bucket)
+    return options, server
