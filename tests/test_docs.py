@@ -1,7 +1,7 @@
 """The documentation site: it builds without a warning, and every code example in it runs.
 
 Pages never type Python: they include it from files a test runs (the example DAGs in dags/, the
-DAG files and the example package of docs/snippets/, tests/llm/tgi_engine.py). This module
+DAG files and the example package of docs/snippets/, tests/support/tgi_engine.py). This module
 parses each docs/snippets/*.py as the DAG processor would, runs the example predictors the way a
 stage does, builds the site with warnings as errors, and checks that the README's Python blocks
 are copies of those files.
