@@ -19,7 +19,7 @@ DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 # Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
 TODAY := $(shell date -u +%F)
 
-.PHONY: demo demo-llm test lint docs bench soak daft-env clean
+.PHONY: demo demo-llm test gpu-check lint docs bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,12 @@ test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 # Results: benchmarks/results/ (see benchmarks/README.md).
 bench: $(VENV)/.installed-dev $(DAFT_VENV)/.installed
 	$(PY) -m benchmarks.run_all $(BENCH_ARGS)
+
+# The GPU check (benchmarks/gpu_check.py), on a machine with an NVIDIA GPU: a torch stage with num_gpus=1
+# and the transformers engine on CUDA through the runner, each against a plain loop on the same GPU
+# (results in benchmarks/results/gpu_check.*). Without a GPU it says so and exits 2.
+gpu-check: $(VENV)/.installed-llm
+	$(PY) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
 
 # The store-fault soak (benchmarks/store_fault_soak.py): 100 tasks under random faults, ~30 min on 2 cores.
 soak: $(VENV)/.installed-dev

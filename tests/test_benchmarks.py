@@ -127,3 +127,19 @@ def test_throughput_daft_variant_scores_like_the_plain_loop(tmp_path):
     plain, daft = (pq.read_table(work / f"out-throughput-{v}").sort_by("id").to_pydict() for v in ("plain", "daft"))
     assert daft["id"] == plain["id"] == list(range(3000))
     assert np.allclose(np.array(daft["logits"]), np.array(plain["logits"]), atol=1e-5)
+
+
+def test_the_gpu_check_refuses_clearly_without_a_gpu():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: `make gpu-check` runs the check itself")
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--rows", "1000"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "sees no CUDA GPU; run it on a machine with an NVIDIA GPU" in result.stderr

@@ -1,0 +1,239 @@
+"""The GPU check, in one command: `make gpu-check` (or `python -m benchmarks.gpu_check`).
+
+On a machine with an NVIDIA GPU, two workloads run through the real runner
+(``run_batch_inference``, an embedded per-task Ray), each against a plain loop on the same GPU:
+
+- ``torch``: a stage with ``num_gpus=1`` whose predictor is written as Ray's batch inference guide
+  writes one (an MLP 32-4096-4096-10 built on CUDA in ``__init__``, ``argmax`` in ``__call__``),
+  over the benchmarks' Parquet (``id`` + 32 float32 ``features``);
+- ``transformers``: the LLM operator's ``transformers`` engine on CUDA (``device="cuda"``), with a
+  tiny Qwen2 built offline, answering a prompt per row of a companies table.
+
+While each runs, ``nvidia-smi`` samples the GPU's utilisation. Rows/s are whole runs (model
+loading, reading and writing included) on both sides. Results: ``benchmarks/results/gpu_check.{json,md}``.
+Without a CUDA GPU it says so and exits with status 2 before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: Exit status when there is no GPU to check.
+NO_GPU_EXIT = 2
+HIDDEN = 4096
+
+
+class GpuMLP:
+    """A user's predictor on the GPU: the model built once per replica, a batch scored per call."""
+
+    def __init__(self, hidden: int = HIDDEN, features: int = 32):
+        import torch
+
+        torch.manual_seed(0)
+        self.device = torch.device("cuda")
+        self.model = (
+            torch.nn.Sequential(
+                torch.nn.Linear(features, hidden),
+                torch.nn.ReLU(),
+                torch.nn.Linear(hidden, hidden),
+                torch.nn.ReLU(),
+                torch.nn.Linear(hidden, 10),
+            )
+            .to(self.device)
+            .eval()
+        )
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        with torch.inference_mode():
+            x = torch.as_tensor(batch["features"], device=self.device)
+            return {"predicted": self.model(x).argmax(dim=1).cpu().numpy()}
+
+
+def gpu_or_exit() -> str:
+    """The GPU's name; without a CUDA GPU visible to torch: a clear message and exit status 2."""
+    try:
+        import torch
+    except ImportError:
+        sys.exit(_no_gpu("torch is not installed (`pip install 'airflow-provider-raybatch[llm]'`)"))
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        sys.exit(_no_gpu(f"torch {torch.__version__} ({build}) sees no CUDA GPU"))
+    return torch.cuda.get_device_name(0)
+
+
+def _no_gpu(why: str) -> int:
+    print(f"gpu_check: {why}; run it on a machine with an NVIDIA GPU and its driver.", file=sys.stderr)
+    return NO_GPU_EXIT
+
+
+class Utilisation:
+    """``nvidia-smi`` sampled every 200 ms while the block runs: mean and peak GPU utilisation."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+        self._process: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> Utilisation:
+        if shutil.which("nvidia-smi"):
+            self._process = subprocess.Popen(
+                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            if line.strip().isdigit():
+                self.samples.append(int(line.strip()))
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(timeout=10)
+
+    def summary(self) -> dict[str, Any]:
+        if not self.samples:
+            return {"gpu_util_mean": None, "gpu_util_max": None}
+        return {"gpu_util_mean": round(sum(self.samples) / len(self.samples), 1), "gpu_util_max": max(self.samples)}
+
+
+def plain_torch(input_dir: Path, output: Path, batch_size: int) -> int:
+    """The plain loop: pyarrow batches into the same predictor on the same GPU, one Parquet out."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    model, ids, predicted = GpuMLP(), [], []
+    for path in sorted(input_dir.glob("*.parquet")):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size, columns=["id", "features"]):
+            features = batch.column("features")
+            x = features.flatten().to_numpy().reshape(len(batch), features.type.list_size)
+            ids.append(batch.column("id"))
+            predicted.append(model({"features": x})["predicted"])
+    table = pa.table({"id": pa.concat_arrays(ids), "predicted": np.concatenate(predicted)})
+    pq.write_table(table, output)
+    return table.num_rows
+
+
+def runner_torch(input_dir: Path, output: Path, batch_size: int) -> int:
+    from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+    from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+
+    stage = Stage("benchmarks.gpu_check:GpuMLP", num_gpus=1, batch_size=batch_size)
+    config = BatchInferenceConfig(str(input_dir), str(output), [stage], id_column="id")
+    return run_batch_inference(config).rows_out
+
+
+def chat_setup(work: Path, rows: int) -> tuple[Path, Any, Any]:
+    """The companies table, the tiny Qwen2 (built offline), the task and the engine on CUDA."""
+    import pyarrow.parquet as pq
+
+    from airflow_provider_raybatch.examples.llm_data import companies_table
+    from airflow_provider_raybatch.examples.tiny_models import build_tiny_qwen2
+    from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
+
+    companies = work / "companies"
+    companies.mkdir(parents=True, exist_ok=True)
+    pq.write_table(companies_table(rows), companies / "companies.parquet", row_group_size=1000)
+    model = build_tiny_qwen2(work / "tiny-qwen2")
+    task = ChatTask(
+        prompt="What industry is this company in: {Company}",
+        output_column="industry",
+        sampling_params={"max_tokens": 16, "temperature": 0},
+    )
+    return companies, task, EngineConfig("transformers", str(model), engine_kwargs={"device": "cuda"})
+
+
+def plain_chat(companies: Path, task: Any, engine: Any, batch_size: int) -> int:
+    """The plain loop: the engine's own actor class called on batches, without Ray."""
+    import pyarrow.parquet as pq
+
+    from airflow_provider_raybatch.llm.engines.transformers import TransformersChat
+
+    chat, rows = TransformersChat(task.to_dict(), engine.to_dict()), 0
+    for batch in pq.ParquetFile(companies / "companies.parquet").iter_batches(batch_size=batch_size):
+        answers = chat({name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names})
+        rows += len(answers[task.output_column])
+    return rows
+
+
+def runner_chat(companies: Path, output: Path, task: Any, engine: Any, batch_size: int) -> int:
+    from airflow_provider_raybatch.llm.build import build_stages
+    from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ReplicaResources
+    from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+
+    stages = build_stages(task, engine, ReplicaResources(batch_size=batch_size, num_gpus=1))
+    config = BatchInferenceConfig(str(companies), str(output), stages, id_column="id", max_error_fraction=1.0)
+    return run_batch_inference(config).rows_out
+
+
+def main() -> None:
+    from benchmarks.support.data import make_input
+    from benchmarks.support.paths import DEFAULT_RESULTS_DIR
+    from benchmarks.support.results import Results
+    from benchmarks.support.stats import ratio
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=4_000_000, help="rows of the torch workload")
+    parser.add_argument("--chat-rows", type=int, default=20_000, help="rows of the transformers workload")
+    parser.add_argument("--batch-size", type=int, default=8192)
+    parser.add_argument("--chat-batch-size", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR)
+    args = parser.parse_args()
+    gpu = gpu_or_exit()
+    # The runner's own Ray, started and stopped here: nothing outlives the check.
+    os.environ.setdefault("RAYBATCH_LOCAL_RAY", "per-task")
+    results = Results("gpu_check", f"GPU check on {gpu}: the runner against a plain loop on the same GPU", args)
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    try:
+        input_dir = make_input(work, args.rows)
+        companies, task, engine = chat_setup(work, args.chat_rows)
+        runs = {
+            ("torch", "plain"): lambda: plain_torch(input_dir, work / "plain.parquet", args.batch_size),
+            ("torch", "runner"): lambda: runner_torch(input_dir, work / "out-torch", args.batch_size),
+            ("transformers", "plain"): lambda: plain_chat(companies, task, engine, args.chat_batch_size),
+            ("transformers", "runner"): lambda: runner_chat(
+                companies, work / "out-chat", task, engine, args.chat_batch_size
+            ),
+        }
+        speed: dict[tuple[str, str], float] = {}
+        for (workload, variant), run in runs.items():
+            with Utilisation() as utilisation:
+                started = time.monotonic()
+                rows = run()
+                seconds = time.monotonic() - started
+            speed[workload, variant] = rows / seconds
+            results.add(
+                workload=workload,
+                variant=variant,
+                rows=rows,
+                seconds=round(seconds, 2),
+                rows_per_s=round(rows / seconds),
+                **utilisation.summary(),
+            )
+        for workload in ("torch", "transformers"):
+            value = round(ratio(speed[workload, "runner"], speed[workload, "plain"]), 2)
+            results.check(f"{workload}: runner / plain loop, rows/s", value, "(report)", None)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    results.write()
+
+
+if __name__ == "__main__":
+    main()
