@@ -16,10 +16,7 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.runtime.shared.folder import read_record
 from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import head_processes
-from tests.pipeline import test_shared_ray
-from tests.pipeline.test_shared_ray import REPO, Task
-
-shared = test_shared_ray.shared  # the fixture: a private folder for this test's heads, stopped after
+from tests.support.shared_ray import REPO, Task
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
