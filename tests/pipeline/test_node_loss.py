@@ -17,6 +17,9 @@ from tests.support.data import assert_output_sound, write_input
 from tests.support.pipeline_runs import commit_count
 from tests.support.ray_cluster import start_cluster
 
+#: Starts a Ray cluster of its own (`ray start`).
+pytestmark = pytest.mark.servers
+
 #: Two tries of one task in a driver process of the cluster (as the Jobs API runs one), each
 #: printing its outcome: the first is killed part-way by the test, the second meets the lost node.
 TRIES = r"""

@@ -18,7 +18,7 @@ from airflow_provider_raybatch.pipeline.runtime.shared.folder import read_record
 from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import head_processes
 from tests.support.shared_ray import REPO, Task
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [pytest.mark.ray, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 

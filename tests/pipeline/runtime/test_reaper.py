@@ -15,7 +15,10 @@ import pytest
 
 from benchmarks.support.processes import kill_ray_leftovers, ray_processes_of
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc")
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc"),
+]
 
 REPO = Path(__file__).resolve().parents[3]
 

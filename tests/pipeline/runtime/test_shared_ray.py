@@ -26,7 +26,10 @@ from airflow_provider_raybatch.pipeline.runtime.shared.settings import LocalRayS
 from tests.support.data import assert_output_sound, write_input
 from tests.support.shared_ray import REPO, Task, wait_until
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc")
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc"),
+]
 
 log = logging.getLogger(__name__)
 
