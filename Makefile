@@ -19,7 +19,7 @@ DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 # Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
 TODAY := $(shell date -u +%F)
 
-.PHONY: demo demo-llm test gpu-check lint docs bench soak daft-env clean
+.PHONY: demo demo-llm test test-fast gpu-check lint docs bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 # .venv-daft (1 min 18 s measured at load 8 on 2 cores); elsewhere that test skips until `make daft-env`.
 test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+
+# The tests that need no server, container or local Ray (markers set in tests/conftest.py), for a
+# local loop; CI runs `make test`, which runs everything.
+test-fast: $(VENV)/.installed-dev
+	$(PY) -m pytest -m "not slow and not docker and not servers and not ray" $(PYTEST_ARGS)
 
 # All seven benchmarks at full size (about 13 minutes on 2 quiet cores: 10 before throughput.py ran a light
 # model and Daft too, ~3 more by estimate; 25-30 under load); BENCH_ARGS=--quick for small sizes.

@@ -37,6 +37,22 @@ os.environ.setdefault("RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S", "60")
 os.environ.setdefault("RAYBATCH_STORE_RETRY_S", "3")
 
 
+#: Fixtures that start a server (a storage server, a Ray cluster, the compose stack): their tests
+#: are marked ``servers``. Tests that run work on a local Ray are marked ``ray`` (by this fixture,
+#: or by their module). ``make test-fast`` leaves out both, with ``slow`` and ``docker``.
+SERVER_FIXTURES = frozenset({"s3_server", "gcs_server", "azure_server", "ray_cluster", "compose_stack"})
+RAY_FIXTURES = frozenset({"ray_local"})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & SERVER_FIXTURES:
+            item.add_marker(pytest.mark.servers)
+        if used & RAY_FIXTURES:
+            item.add_marker(pytest.mark.ray)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_shared_ray():
     """No shared head outlives the session."""

@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import REPO
 
+#: The benchmark scripts run the pipeline on a local Ray.
+pytestmark = pytest.mark.ray
+
 
 def test_throughput_script_runs_and_writes_its_results(tmp_path):
     out = tmp_path / "results"

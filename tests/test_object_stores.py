@@ -35,6 +35,9 @@ from benchmarks.support.processes import kill_ray_leftovers
 from tests.conftest import run_dag
 from tests.support.data import assert_exactly_once, features_table
 
+#: Starts the storage servers.
+pytestmark = pytest.mark.servers
+
 LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_provider_raybatch.examples import digits
 from tests.conftest import REPO, run_dag
-from tests.operators.test_scheduling import asset_events
+from tests.support.assets import asset_events
 from tests.support.data import assert_exactly_once, read_output
 
 #: The daily example's asset (dags/daily_batch_inference.py).

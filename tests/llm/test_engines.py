@@ -23,8 +23,8 @@ from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, pr
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TooManyErrorsError
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.pipeline.test_runner import RECORD_EACH_RANGE, commit_count, kill_leftovers
 from tests.support.llm_images import CORRUPT, write_images
+from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, kill_leftovers
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 REPO = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.planning import input_files
 from tests.conftest import REPO, run_dag
-from tests.pipeline.test_runner import config
 from tests.support.cluster_dags import CONN_ID, LOGICAL_DATE, cluster_dag, mapped_cluster_dag
 from tests.support.data import assert_exactly_once, read_output, write_input
+from tests.support.pipeline_runs import config
 from tests.support.ray_cluster import connection
 
 pytestmark = pytest.mark.usefixtures("airflow_db")

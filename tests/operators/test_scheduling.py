@@ -17,25 +17,11 @@ from airflow_provider_raybatch.assets import default_asset
 from airflow_provider_raybatch.lineage import dataset_name
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 from tests.conftest import REPO, run_dag
+from tests.support.assets import asset_events
 from tests.support.data import assert_exactly_once, read_output, write_input
 
 LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
 ROWS = [430, 270]
-
-
-def asset_events(uri: str) -> list[dict]:
-    from airflow.models.asset import AssetEvent, AssetModel
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    with create_session() as session:
-        rows = session.execute(
-            select(AssetEvent.extra, AssetEvent.source_task_id)
-            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
-            .where(AssetModel.uri == uri)
-            .order_by(AssetEvent.id)
-        ).all()
-    return [{"extra": extra, "task_id": task_id} for extra, task_id in rows]
 
 
 @pytest.mark.usefixtures("ray_local", "airflow_db")

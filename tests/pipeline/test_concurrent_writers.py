@@ -11,8 +11,8 @@ import pytest
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.pipeline.test_runner import commit_count, config, kill_leftovers, run_in_subprocess
 from tests.support.data import assert_output_sound, read_output, write_input
+from tests.support.pipeline_runs import commit_count, config, kill_leftovers, run_in_subprocess
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

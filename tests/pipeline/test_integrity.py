@@ -31,8 +31,8 @@ from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.planning.input_files import read_file_info
 from airflow_provider_raybatch.pipeline.planning.planner import input_changes, plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.pipeline.test_runner import commit_count, config
 from tests.support.data import assert_output_sound, features_table, read_output, write_input
+from tests.support.pipeline_runs import commit_count, config
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

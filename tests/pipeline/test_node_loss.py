@@ -13,9 +13,12 @@ import time
 import pytest
 
 from airflow_provider_raybatch.pipeline.resources import RESOURCE_WAIT_ENV
-from tests.pipeline.test_runner import commit_count
 from tests.support.data import assert_output_sound, write_input
+from tests.support.pipeline_runs import commit_count
 from tests.support.ray_cluster import start_cluster
+
+#: Starts a Ray cluster of its own (`ray start`).
+pytestmark = pytest.mark.servers
 
 #: Two tries of one task in a driver process of the cluster (as the Jobs API runs one), each
 #: printing its outcome: the first is killed part-way by the test, the second meets the lost node.

@@ -14,8 +14,8 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedE
 from airflow_provider_raybatch.pipeline.partitions import Partition, plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.store.files import resolve
-from tests.pipeline.test_runner import RECORD_EACH_RANGE, commit_count, config, kill_leftovers, run_in_subprocess
 from tests.support.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
+from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, config, kill_leftovers, run_in_subprocess
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

@@ -11,8 +11,8 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage, TooM
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_INTERVAL_ENV
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.pipeline.test_runner import commit_count
 from tests.support.data import write_input
+from tests.support.pipeline_runs import commit_count
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

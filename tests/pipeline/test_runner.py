@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline import Stage
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
@@ -26,33 +24,20 @@ from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_IN
 from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
-from benchmarks.support.processes import kill_ray_leftovers, ray_processes_of
+from benchmarks.support.processes import ray_processes_of
 from tests.support.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
+from tests.support.pipeline_runs import (
+    RECORD_EACH_RANGE,
+    PlanRecorder,
+    commit_count,
+    config,
+    kill_leftovers,
+    own_ray_env,
+    ray_processes,
+    run_in_subprocess,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_local")
-
-
-def config(tmp_path: Path, predictor="tests.support.predictors:score", **kwargs) -> BatchInferenceConfig:
-    stage_kwargs = {
-        k: kwargs.pop(k)
-        for k in ("predictor_kwargs", "num_cpus", "num_gpus", "concurrency", "batch_size")
-        if k in kwargs
-    }
-    return BatchInferenceConfig(
-        input_path=kwargs.pop("input_path", str(tmp_path / "in")),
-        output_path=kwargs.pop("output_path", str(tmp_path / "out")),
-        stages=kwargs.pop("stages", None) or [Stage(predictor, **stage_kwargs)],
-        **{"id_column": "id", "rows_per_range": 100, **kwargs},
-    )
-
-
-def commit_count(output: Path) -> int:
-    """Ranges committed in ``output``, as its ledger reads them (while a writer may be writing)."""
-    return len(OutputLedger.open(str(output)).committed())
-
-
-#: Records each range as soon as it is published: crash points then fall between two ranges.
-RECORD_EACH_RANGE = {"RAYBATCH_RECORD_INTERVAL_S": "0"}
 
 
 def test_output_holds_kept_columns_and_predictions_once(tmp_path):
@@ -132,61 +117,6 @@ def test_failed_first_try_resumes_from_committed_ranges(tmp_path):
     assert summary.ranges_skipped == committed_after_failure
     assert summary.rows_processed == 1000 - 100 * committed_after_failure
     assert_output_sound(tmp_path / "out", range(1000))
-
-
-RUN_SCRIPT = """
-import json, logging, sys
-logging.basicConfig(level=logging.INFO)
-from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
-from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
-cfg = BatchInferenceConfig(sys.argv[1], sys.argv[2], [Stage(sys.argv[3], json.loads(sys.argv[4]), batch_size=100)],
-                           id_column="id", rows_per_range=100, **extra)
-print("SUMMARY " + json.dumps(run_batch_inference(cfg).to_dict()))
-"""
-
-
-def own_ray_env(env: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
-    """A temp dir for a child process's own Ray, and the child's environment that points Ray there."""
-    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # short: Ray's socket paths are length-limited
-    # A Ray of its own (per-task, with its reaper): these tests kill, freeze and race such processes.
-    return ray_tmp, {
-        **os.environ,
-        "RAY_TMPDIR": ray_tmp,
-        "RAYBATCH_LOCAL_RAY": "per-task",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        **(env or {}),
-    }
-
-
-def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True, **config_kwargs):
-    """Run the pipeline in its own process, with its own embedded Ray in its own temp dir."""
-    ray_tmp, env = own_ray_env(env)
-    args = [
-        sys.executable,
-        "-c",
-        RUN_SCRIPT,
-        str(tmp_path / "in"),
-        str(tmp_path / "out"),
-        predictor,
-        json.dumps(kwargs),
-        json.dumps(config_kwargs),
-    ]
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if wait:
-        proc.output = proc.communicate(timeout=300)[0]
-    proc.ray_tmp = ray_tmp
-    return proc
-
-
-def ray_processes(ray_tmp: str) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", ray_tmp], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
-
-
-def kill_leftovers(ray_tmp: str) -> None:
-    """A safety net: a SIGKILLed driver's reaper already ends its Ray (asserted below)."""
-    kill_ray_leftovers(ray_tmp)
 
 
 def test_sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_nothing(tmp_path):
@@ -555,28 +485,6 @@ def test_a_crash_while_records_wait_for_their_batch_redoes_only_those_ranges(tmp
 # --- where rows are read and written -----------------------------------------------------------
 
 
-PLAN_LOGGER = "ray.data._internal.execution.streaming_executor"
-
-
-class PlanRecorder(logging.Handler):
-    """Records the execution plans Ray Data logs (its operators, after fusion)."""
-
-    def __init__(self):
-        super().__init__()
-        self.plans: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if m := re.search(r"Execution plan of Dataset \S+: (.*)", record.getMessage()):
-            self.plans.append(m.group(1))
-
-    def __enter__(self) -> PlanRecorder:
-        logging.getLogger(PLAN_LOGGER).addHandler(self)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        logging.getLogger(PLAN_LOGGER).removeHandler(self)
-
-
 def test_replicas_on_cpus_read_and_write_their_own_rows(tmp_path):
     write_input(tmp_path / "in", [250, 130])
     stages = [
@@ -603,7 +511,7 @@ import ray
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.runtime.local_ray import python_path_runtime_env
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.pipeline.test_runner import PlanRecorder
+from tests.support.pipeline_runs import PlanRecorder
 # A GPU declared to Ray (none is there): the model stage reserves it, and its code runs on CPU.
 ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env=python_path_runtime_env())
 def config(output, *stages):

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,111 +24,14 @@ from airflow_provider_raybatch.pipeline.runtime.shared.head import stop_shared_h
 from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import head_processes
 from airflow_provider_raybatch.pipeline.runtime.shared.settings import LocalRaySettings, head_dir
 from tests.support.data import assert_output_sound, write_input
+from tests.support.shared_ray import REPO, Task, wait_until
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc")
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the shared Ray reads /proc"),
+]
 
-REPO = Path(__file__).resolve().parents[2]
 log = logging.getLogger(__name__)
-
-# A task: connect, run a probe on a worker, optionally start work that never ends (an actor, a
-# task, and a process the actor starts), print what it saw, stay connected until told to go.
-TASK = """
-import json, logging, os, subprocess, sys, time
-logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
-import ray
-from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
-mode, release = sys.argv[1], sys.argv[2]
-busy = mode == "busy"
-
-@ray.remote
-def probe():
-    return {"pid": os.getpid(), "mark": os.environ.get("RAYBATCH_TEST_MARK"), "job_env": os.environ.get("RAYBATCH_JOB_ENV")}
-
-@ray.remote
-class Busy:
-    def work(self):
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-        time.sleep(300)
-
-started = time.monotonic()
-with ray_session():
-    connect_s = time.monotonic() - started
-    seen = None if mode == "idle" else ray.get(probe.remote())
-    if busy:
-        actor = Busy.remote()
-        actor.work.remote()
-        ray.remote(lambda: time.sleep(300)).remote()
-        time.sleep(3)  # the actor, the task and the actor's child start
-    info = {"connect_s": connect_s, "node": ray.get_runtime_context().get_node_id(), "worker": seen}
-    print("INFO " + json.dumps(info), flush=True)
-    while release and not os.path.exists(release):
-        time.sleep(0.1)
-    if release:
-        print("AGAIN " + json.dumps(ray.get(probe.remote())), flush=True)
-"""
-
-
-def wait_until(condition, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
-
-
-@pytest.fixture
-def shared():
-    """A private place for this test's shared heads (short: Ray's socket paths are length-limited);
-    whatever head is still up at the end is stopped."""
-    base = tempfile.mkdtemp(prefix="rbl", dir="/tmp")
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "RAYBATCH_LOCAL_RAY": "shared",
-        "RAYBATCH_LOCAL_RAY_DIR": base,
-        "RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S": "5",
-    }
-    root = head_dir(LocalRaySettings(base_dir=base))
-    yield env, root
-    stop_shared_heads(base)
-    assert head_processes(root) == []
-    shutil.rmtree(base, ignore_errors=True)
-
-
-class Task:
-    """A task process on the shared Ray."""
-
-    def __init__(
-        self, env: dict[str, str], mark: str, busy: bool = False, release: Path | None = None, mode: str = "probe"
-    ) -> None:
-        self.release = release
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", TASK, "busy" if busy else mode, str(release or "")],
-            env={**env, "RAYBATCH_TEST_MARK": mark},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.output: list[str] = []
-
-    def info(self, timeout_s: float = 300) -> dict:
-        """What the task printed once connected (reads its output up to that line)."""
-        deadline = time.monotonic() + timeout_s
-        for line in self.process.stdout:
-            self.output.append(line)
-            if line.startswith("INFO "):
-                return json.loads(line[5:])
-            assert time.monotonic() < deadline, "".join(self.output)
-        raise AssertionError(f"the task ended without connecting:\n{''.join(self.output)}")
-
-    def finish(self, timeout_s: float = 120) -> str:
-        if self.release is not None:
-            self.release.touch()
-        rest, _ = self.process.communicate(timeout=timeout_s)
-        self.output.append(rest)
-        assert self.process.returncode == 0, "".join(self.output)
-        return "".join(self.output)
 
 
 def started_heads(output: str) -> int:

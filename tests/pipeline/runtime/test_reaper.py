@@ -15,9 +15,12 @@ import pytest
 
 from benchmarks.support.processes import kill_ray_leftovers, ray_processes_of
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc")
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc"),
+]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # An owner with a fake Ray session named after it: a writer (a Ray process writing its log), a
 # reader (a log shipper tailing it), and a writer somewhere else (an unrelated process).

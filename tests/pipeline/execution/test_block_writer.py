@@ -16,8 +16,8 @@ from airflow_provider_raybatch.pipeline.execution.range_reader import read_range
 from airflow_provider_raybatch.pipeline.prepare import prepare
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import Progress
-from tests.pipeline.test_runner import config
 from tests.support.data import assert_exactly_once, assert_output_sound, read_output, write_input
+from tests.support.pipeline_runs import config
 
 
 def scored_block(run, index: int) -> pa.Table:

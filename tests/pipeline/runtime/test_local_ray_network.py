@@ -16,12 +16,9 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.runtime.shared.folder import read_record
 from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import head_processes
-from tests.pipeline import test_shared_ray
-from tests.pipeline.test_shared_ray import REPO, Task
+from tests.support.shared_ray import REPO, Task
 
-shared = test_shared_ray.shared  # the fixture: a private folder for this test's heads, stopped after
-
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = [pytest.mark.ray, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")]
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp
 

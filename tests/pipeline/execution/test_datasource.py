@@ -11,8 +11,8 @@ from airflow_provider_raybatch.pipeline.execution.range_reader import read_range
 from airflow_provider_raybatch.pipeline.planning.planner import plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.store.files import resolve
-from tests.pipeline.test_runner import commit_count, config
 from tests.support.data import assert_output_sound, write_input
+from tests.support.pipeline_runs import commit_count, config
 
 
 def plan(path, rows_per_range):

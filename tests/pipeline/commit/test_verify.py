@@ -13,8 +13,8 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.pipeline.test_runner import config
 from tests.support.data import write_input
+from tests.support.pipeline_runs import config
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 

@@ -21,7 +21,9 @@ def lease(path: str, holder: LeaseHolder | None = None, timeout_s: float = 60.0,
     return Lease(fs, folder, path, holder or LeaseHolder(), timeout_s)
 
 
-@pytest.fixture(params=["local", "s3", "abfs"])
+@pytest.fixture(
+    params=["local", pytest.param("s3", marks=pytest.mark.servers), pytest.param("abfs", marks=pytest.mark.servers)]
+)
 def folder(request, tmp_path):
     """A lease folder on each store whose server honours create-if-absent (the GCS emulator does not:
     see tests/test_object_stores.py)."""

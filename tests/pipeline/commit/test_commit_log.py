@@ -1,0 +1,92 @@
+"""The commit records on their own: their encoding, which of two records wins, segments merged
+as a writer goes, and what a failed record write leaves (by whether it is known not written)."""
+
+from __future__ import annotations
+
+import json
+
+import fsspec
+import pytest
+
+from airflow_provider_raybatch.pipeline.commit import commit_log
+from airflow_provider_raybatch.pipeline.commit.commit_log import (
+    SEGMENT_FANOUT,
+    CommitLog,
+    _add_records,
+    _decode,
+    _encode,
+)
+from airflow_provider_raybatch.pipeline.errors import RayBatchError
+
+
+def record(range_id: str, rows: int = 10, **extra) -> dict:
+    return {"range_id": range_id, "files": [f"part-{range_id}.parquet"], "rows": rows, **extra}
+
+
+def test_records_round_trip_through_their_short_rows_with_plans_run_length_encoded():
+    records = [
+        record("a-0-10", committed_at=1.5, plan="p1"),
+        record("a-10-20", rejected=2, engine_errors=1, committed_at=1.5, plan="p1"),
+        {**record("a-20-30", plan="p2"), "files": ["part-a-20-30.parquet", "_rejects/part-a-20-30.parquet"]},
+        record("a-30-40"),  # written by a version that named no plan
+    ]
+    encoded = _encode(records)
+    assert encoded["plans"] == [["p1", 2], ["p2", 1], [None, 1]]
+    assert encoded["records"][0] == ["a-0-10", 10, 0, 0, None, 1.5]  # the usual one file: null
+    assert _decode(json.loads(json.dumps(encoded))) == {r["range_id"]: r for r in records}
+
+
+def test_records_without_any_plan_keep_the_shape_earlier_versions_read():
+    encoded = _encode([record("a-0-10"), record("a-10-20")])
+    assert set(encoded) == {"version", "records"}
+    assert all(len(row) == 6 for row in encoded["records"])
+
+
+def test_of_two_records_of_a_range_the_later_committed_wins():
+    records = {"a-0-10": record("a-0-10", rows=10, committed_at=2.0)}
+    _add_records(records, {"a-0-10": record("a-0-10", rows=99, committed_at=1.0)})
+    assert records["a-0-10"]["rows"] == 10
+    _add_records(records, {"a-0-10": record("a-0-10", rows=7, committed_at=3.0)})
+    assert records["a-0-10"]["rows"] == 7
+
+
+@pytest.fixture
+def log(tmp_path) -> CommitLog:
+    fs = fsspec.filesystem("file")
+    root = str(tmp_path / "out")
+    fs.makedirs(f"{root}/_raybatch", exist_ok=True)
+    return CommitLog(fs, root, root, f"{root}/_raybatch")
+
+
+def segments(log: CommitLog) -> list[str]:
+    return sorted(p.rsplit("/", 1)[-1] for p in log.fs.ls(log.segments_dir, detail=False))
+
+
+def test_a_writer_merges_each_full_level_of_its_segments_and_folds_them_at_the_end(log):
+    for i in range(SEGMENT_FANOUT + 1):
+        log.record([record(f"a-{i}")])
+    # Sixteen level-0 segments became one of level 1; the seventeenth waits at level 0.
+    assert [name.split(".")[2] for name in segments(log)] == ["0", "1"]
+    assert sorted(log.committed()) == sorted(f"a-{i}" for i in range(SEGMENT_FANOUT + 1))
+    log.finish()
+    assert segments(log) == [] and len(log.committed()) == SEGMENT_FANOUT + 1
+    assert log.last_read == {"manifest": 1, "segments": 0, "records": 0}
+
+
+@pytest.mark.parametrize(("applied", "kept"), [(False, False), (True, True)])
+def test_a_failed_record_write_unpublishes_the_files_only_when_known_not_written(log, monkeypatch, applied, kept):
+    part = f"{log.root}/part-a-0-10.parquet"
+    log.fs.pipe(part, b"rows")
+    write = commit_log.write_json
+
+    def failing(fs, path, payload, **kwargs):
+        if applied:  # a store that applies a PUT and answers 500
+            write(fs, path, payload, **kwargs)
+        raise OSError("500 Internal Server Error")
+
+    monkeypatch.setattr(commit_log, "write_json", failing)
+    with pytest.raises(RayBatchError, match=r"cannot commit range a-0-10 of output .*: OSError: 500 Internal"):
+        log.record([record("a-0-10")])
+    assert log.fs.exists(part) is kept
+    monkeypatch.setattr(commit_log, "write_json", write)
+    assert sorted(log.committed()) == (["a-0-10"] if applied else [])
