@@ -42,8 +42,8 @@ def resolve_predictor(stage: Stage) -> Callable[..., Any]:
 
 
 def warm_imports(stages: Sequence[Stage]) -> list[str]:
-    """Modules a warm worker imports ahead for these stages' replicas: Ray Data, this module and
-    the block writer, each predictor's module, and the modules a predictor names in its
+    """Modules a warm worker imports ahead for these stages' replicas: Ray Data, the stage worker's
+    and the block writer's modules, each predictor's module, and the modules a predictor names in its
     ``warm_imports`` attribute (the heavy ones it imports when built, such as ``torch``)."""
     names = [
         "ray.data",
