@@ -48,7 +48,6 @@ class SoakCounts:
 
 def soak(tasks: int, rate: float, seed: int, tries: int = 4, retry_s: float = 5.0) -> SoakCounts:
     """Run ``tasks`` tasks of up to ``tries`` tries each, with faults on ``rate`` of all requests."""
-    import pyarrow.parquet as pq
     import s3fs
 
     from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
@@ -57,7 +56,7 @@ def soak(tasks: int, rate: float, seed: int, tries: int = 4, retry_s: float = 5.
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
     from airflow_provider_raybatch.pipeline.store.retries import STORE_RETRY_ENV
     from benchmarks.support.data import moto_s3
-    from tests.support.data import features_table
+    from tests.support.data import put_input
     from tests.support.fault_proxy import FaultProxy
 
     saved = {name: os.environ.get(name) for name in (STORE_RETRY_ENV, "RAYBATCH_RECORD_INTERVAL_S")}
@@ -77,12 +76,7 @@ def soak(tasks: int, rate: float, seed: int, tries: int = 4, retry_s: float = 5.
             for task in range(tasks):
                 prefix = f"task-{task}-{uuid.uuid4().hex[:6]}"
                 sizes = [40 + (seed * 7 + task * 13) % 80, 30 + (seed * 11 + task * 5) % 90]
-                start = 0
-                for i, n in enumerate(sizes):
-                    buffer = io.BytesIO()
-                    pq.write_table(features_table(n, start), buffer, row_group_size=25)
-                    direct.pipe_file(f"{BUCKET}/{prefix}/in/part-{i}.parquet", buffer.getvalue())
-                    start += n
+                put_input(direct, f"{BUCKET}/{prefix}/in", sizes, row_group_size=25)
                 config = BatchInferenceConfig(
                     input_path=f"s3://{BUCKET}/{prefix}/in",
                     output_path=f"s3://{BUCKET}/{prefix}/out",
@@ -105,7 +99,7 @@ def soak(tasks: int, rate: float, seed: int, tries: int = 4, retry_s: float = 5.
                     except Exception as e:  # noqa: BLE001 - a failed try: Airflow retries it
                         print(f"  {prefix} try {attempt + 1}: {type(e).__name__}: {str(e)[:160]}", flush=True)
                         continue
-                    problems = _check(direct, options, prefix, start, summary, verify_output)
+                    problems = _check(direct, options, prefix, sum(sizes), summary, verify_output)
                     counts.wrong += [f"{prefix}: {p}" for p in problems]
                     counts.sound += not problems
                     break

@@ -25,7 +25,7 @@ from airflow_provider_raybatch.pipeline.planning.planner import plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.store.retries import STORE_RETRY_ENV
 from airflow_provider_raybatch.pipeline.summary import RunSummary
-from tests.support.data import features_table
+from tests.support.data import put_input
 from tests.support.fault_proxy import FaultProxy, Rule
 
 pytestmark = pytest.mark.usefixtures("ray_local")
@@ -72,13 +72,7 @@ def store_options(s3_server, proxy: FaultProxy) -> dict:
 
 
 def write_input(s3_server, prefix: str, sizes: list[int]) -> None:
-    fs = s3fs.S3FileSystem(**s3_server)
-    start = 0
-    for i, n in enumerate(sizes):
-        buffer = io.BytesIO()
-        pq.write_table(features_table(n, start), buffer, row_group_size=50)
-        fs.pipe_file(f"{BUCKET}/{prefix}/in/part-{i}.parquet", buffer.getvalue())
-        start += n
+    put_input(s3fs.S3FileSystem(**s3_server), f"{BUCKET}/{prefix}/in", sizes, row_group_size=50)
 
 
 def task_config(s3_server, proxy: FaultProxy, prefix: str) -> BatchInferenceConfig:
@@ -334,11 +328,7 @@ def test_writes_with_an_unknown_outcome_on_azure_and_gcs_end_exactly_once(reques
     with FaultProxy(server.endpoint, seed=11) as proxy:
         options, direct = cloud_store(name, server, proxy)
         prefix = f"{name}-{uuid.uuid4().hex[:8]}"
-        start = 0
-        for i, n in enumerate([50, 50]):
-            with direct.open(f"{BUCKET}/{prefix}/in/part-{i}.parquet", "wb") as f:
-                pq.write_table(features_table(n, start), f, row_group_size=50)
-            start += n
+        put_input(direct, f"{BUCKET}/{prefix}/in", [50, 50], row_group_size=50)
         config = BatchInferenceConfig(
             input_path=f"{name}://{BUCKET}/{prefix}/in",
             output_path=f"{name}://{BUCKET}/{prefix}/out",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 FEATURES = 8
@@ -23,6 +25,16 @@ def features_table(n: int, start_id: int = 0, seed: int = 0) -> pa.Table:
             "group": pa.array([f"g{i % 3}" for i in range(start_id, start_id + n)]),
         }
     )
+
+
+def put_input(fs: AbstractFileSystem, folder: str, rows_per_file: list[int], row_group_size: int = 100) -> None:
+    """:func:`write_input`'s files on any fsspec filesystem (an object store's: a PUT per file)."""
+    start = 0
+    for i, n in enumerate(rows_per_file):
+        buffer = io.BytesIO()
+        pq.write_table(features_table(n, start), buffer, row_group_size=row_group_size)
+        fs.pipe_file(f"{folder}/part-{i}.parquet", buffer.getvalue())
+        start += n
 
 
 def write_input(folder: Path, rows_per_file: list[int], row_group_size: int = 100) -> list[Path]:
