@@ -9,7 +9,6 @@ are copies of those files.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import REPO
+from tests.support.dag_files import parse_dag_files
 
 DOCS = REPO / "docs"
 SNIPPETS = DOCS / "snippets"
@@ -44,44 +44,16 @@ def test_the_site_builds_without_warnings(tmp_path):
     assert (tmp_path / "html" / "api.html").read_text().count('class="sig-name descname"') > 50  # autodoc ran
 
 
-PARSE_SCRIPT = """
-import json, sys, warnings
-from airflow.dag_processing.dagbag import DagBag
-heavy = set(sys.argv[2].split(","))
-results = {}
-for path in json.loads(sys.argv[1]):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        bag = DagBag(dag_folder=path)
-    results[path] = {
-        "errors": {k: str(v)[-2000:] for k, v in bag.import_errors.items()},
-        "dags": sorted(bag.dags),
-        "warnings": [str(w.message) for w in caught],
-        "heavy": sorted({m.split(".")[0] for m in sys.modules} & heavy),
-    }
-print(json.dumps(results))
-"""
-
-
 def test_snippet_dag_files_parse_cleanly_without_heavy_imports():
     """Each docs/snippets/*.py is a DAG file: parsed in a fresh interpreter, as a DAG processor does."""
     assert len(SNIPPET_DAG_FILES) >= 5, SNIPPET_DAG_FILES
-    result = subprocess.run(
-        [sys.executable, "-c", PARSE_SCRIPT, json.dumps([str(p) for p in SNIPPET_DAG_FILES]), ",".join(HEAVY_MODULES)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    parsed = json.loads(result.stdout.strip().splitlines()[-1])
+    parsed = parse_dag_files(SNIPPET_DAG_FILES, HEAVY_MODULES)
     dag_ids = []
     for path in SNIPPET_DAG_FILES:
         found = parsed[str(path)]
         assert found["errors"] == {}, path.name
         assert found["dags"], f"{path.name} defines no DAG"
         assert found["warnings"] == [], path.name
-        # Modules stay loaded: what a file imports shows from that file on.
         assert found["heavy"] == [], f"{path.name} (or a file before it) imports {found['heavy']}"
         dag_ids += found["dags"]
     assert len(dag_ids) == len(set(dag_ids)), dag_ids

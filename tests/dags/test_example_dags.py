@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import json
-import subprocess
-import sys
 import warnings
 from datetime import UTC, datetime
 
@@ -15,6 +12,7 @@ import pytest
 from airflow_provider_raybatch.examples import digits
 from tests.conftest import REPO, run_dag
 from tests.support.assets import asset_events
+from tests.support.dag_files import parse_dag_files
 from tests.support.data import assert_exactly_once, read_output
 
 #: The daily example's asset (dags/daily_batch_inference.py).
@@ -125,30 +123,11 @@ def test_llm_dag_params_refuse_bad_values(dag_id, bad):
     params.validate()
 
 
-PARSE_SCRIPT = """
-import json, sys, time
-started = time.perf_counter()
-from airflow.dag_processing.dagbag import DagBag
-bag = DagBag(dag_folder=sys.argv[1])
-print(json.dumps({"errors": list(bag.import_errors), "dags": list(bag.dags),
-                  "seconds": round(time.perf_counter() - started, 2),
-                  "heavy": sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[2].split(",")))}))
-"""
-
-
 @pytest.mark.parametrize("dag_file", DAG_FILES, ids=lambda p: p.name)
 def test_each_dag_file_parses_without_heavy_imports(dag_file):
     """In a fresh interpreter, as a DAG processor parses it: no Ray, torch or Arrow at parse time."""
-    result = subprocess.run(
-        [sys.executable, "-c", PARSE_SCRIPT, str(dag_file), ",".join(HEAVY_MODULES)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    parsed = json.loads(result.stdout.strip().splitlines()[-1])
-    assert parsed["errors"] == [] and len(parsed["dags"]) == 1
+    parsed = parse_dag_files([dag_file], HEAVY_MODULES)[str(dag_file)]
+    assert list(parsed["errors"]) == [] and len(parsed["dags"]) == 1
     assert parsed["heavy"] == []
     # Recorded for the README (not asserted: timings depend on the machine's load).
     print(f"{dag_file.name}: parsed in {parsed['seconds']} s including Airflow's own imports")
