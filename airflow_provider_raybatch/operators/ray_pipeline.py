@@ -296,7 +296,8 @@ class RayPipelineOperator(BaseOperator):
 
         self.submission_id = event["submission_id"]
         # A trigger of an earlier version (a task deferred across an upgrade) put its outcome in ``status``.
-        outcome = event.get("outcome") or {"TIMEOUT": "timeout", "ERROR": "error"}.get(event["status"], "ended")
+        legacy = {"TIMEOUT": WaitOutcome.TIMED_OUT, "ERROR": WaitOutcome.UNREACHABLE}
+        outcome = event.get("outcome") or legacy.get(event["status"], WaitOutcome.ENDED)
         if outcome == WaitOutcome.TIMED_OUT:
             raise AirflowTaskTimeout(event["message"])
         if outcome == WaitOutcome.UNREACHABLE:
