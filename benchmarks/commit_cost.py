@@ -57,7 +57,7 @@ def commit_ranges(root: Path, table: pa.Table, ranges: int, mode: str) -> tuple[
             with ledger.fs.open(tmp, "wb") as f:
                 pq.write_table(table, f)
             written = time.perf_counter()
-            ledger.commit(f"r{i}", [tmp], table.num_rows)
+            ledger.record([ledger.publish(f"r{i}", [tmp], table.num_rows)])
             writing += written - started
             committing += time.perf_counter() - written
     finally:

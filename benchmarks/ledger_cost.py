@@ -30,7 +30,8 @@ from typing import Any
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import _encode
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
 from airflow_provider_raybatch.pipeline.planning.input_files import InputFile
 from airflow_provider_raybatch.pipeline.planning.planner import Plan, plan_ranges
 from benchmarks.support.cli import base_parser

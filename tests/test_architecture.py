@@ -90,7 +90,7 @@ PIPELINE_LAYERS = [
     ("runtime", "planning", "summary"),
     ("commit",),
     ("execution",),
-    ("prepare", "partitions", "runner", "job"),
+    ("output_location", "prepare", "partitions", "runner", "job"),
 ]
 
 

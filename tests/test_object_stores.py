@@ -33,7 +33,7 @@ from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.store.files import create_file, resolve
 from benchmarks.support.processes import kill_ray_leftovers
 from tests.conftest import run_dag
-from tests.support.data import assert_exactly_once, features_table
+from tests.support.data import assert_exactly_once, features_table, read_output
 
 #: Starts the storage servers.
 pytestmark = pytest.mark.servers
@@ -332,3 +332,39 @@ def test_missing_or_empty_connections_fail_the_task_at_once_naming_them(tmp_path
         assert ti.state == "failed" and ti.try_number == 1, task_id  # not retried: a retry fails the same way
         assert message in logs, (task_id, logs[-3000:])
         assert not (tmp_path / task_id).exists()  # failed before anything was written
+
+
+# --- connections as their providers define them -----------------------------------------------------
+
+
+@pytest.mark.usefixtures("airflow_db", "ray_local")
+@pytest.mark.parametrize("flag", [True, "True"], ids=["json", "form_text"])
+def test_an_anonymous_google_connection_reads_a_public_bucket_without_credentials(
+    gcs_server, tmp_path, monkeypatch, flag
+):
+    # No credentials anywhere: only the connection's anonymous flag lets the run read.
+    for name in [k for k in os.environ if k.startswith("GOOGLE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    extra = {"is_anonymous": flag, "endpoint_url": gcs_server.endpoint}
+    monkeypatch.setenv("AIRFLOW_CONN_GCP_PUBLIC", json.dumps({"conn_type": "google_cloud_platform", "extra": extra}))
+    store = _gs(gcs_server)
+    run = uuid.uuid4().hex[:8]
+    store.write_input(f"{run}/in", [150])
+
+    options = storage_options(gcp_conn_id="gcp_public")
+    assert options["gs"]["token"] == "anon" and "private_key" not in json.dumps(options, default=str)
+    from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+
+    out = tmp_path / "out"
+    config = BatchInferenceConfig(
+        store.url(run, "in"),
+        str(out),
+        [Stage("tests.support.predictors:score", batch_size=100)],
+        id_column="id",
+        rows_per_range=100,
+        storage_options=options,
+    )
+    assert run_batch_inference(config).rows_processed == 150
+    assert_exactly_once(read_output(out), range(150))

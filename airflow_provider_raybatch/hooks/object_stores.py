@@ -126,25 +126,33 @@ def gcs_options(conn_id: str) -> dict[str, Any]:
     configuration file, impersonation chain, application default credentials). Without it,
     google-auth reads the same connection fields (``keyfile_dict``, ``key_path``,
     ``credential_config_file``, ``scope``, ``project``; none: application default credentials).
-    An ``endpoint_url`` extra points gcsfs at another endpoint (an emulator).
+    A connection marked anonymous (the Google connection's ``is_anonymous`` field, for public
+    buckets) reads without credentials, as the Google provider's hook does. An ``endpoint_url``
+    extra points gcsfs at another endpoint (an emulator).
     """
     conn = _connection(GCS, conn_id)
     extra = _unprefixed(conn.extra_dejson, "extra__google_cloud_platform__")
-    try:
-        from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
-    except ImportError:
-        credentials, project = _google_auth_credentials(conn_id, extra)
+    if _is_set(extra.get("is_anonymous")):
+        credentials, project = "anon", None  # gcsfs's anonymous access
     else:
-        try:
-            credentials, project = GoogleBaseHook(gcp_conn_id=conn_id).get_credentials_and_project_id()
-        except Exception as e:
-            raise ConfigError(f"gcp_conn_id={conn_id!r}: no usable credentials: {type(e).__name__}: {e}") from None
+        credentials, project = _gcp_credentials(conn_id, extra)
     options: dict[str, Any] = {"token": credentials}
     if extra.get("project") or project:
         options["project"] = extra.get("project") or project
     if extra.get("endpoint_url"):
         options["endpoint_url"] = extra["endpoint_url"]
     return options
+
+
+def _gcp_credentials(conn_id: str, extra: dict[str, Any]) -> tuple[Any, str | None]:
+    try:
+        from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+    except ImportError:
+        return _google_auth_credentials(conn_id, extra)
+    try:
+        return GoogleBaseHook(gcp_conn_id=conn_id).get_credentials_and_project_id()
+    except Exception as e:
+        raise ConfigError(f"gcp_conn_id={conn_id!r}: no usable credentials: {type(e).__name__}: {e}") from None
 
 
 def _google_auth_credentials(conn_id: str, extra: dict[str, Any]) -> tuple[Any, str | None]:
@@ -172,6 +180,11 @@ def _google_auth_credentials(conn_id: str, extra: dict[str, Any]) -> tuple[Any, 
         ) from None
     except (ValueError, KeyError, OSError) as e:
         raise ConfigError(f"gcp_conn_id={conn_id!r}: unusable key: {type(e).__name__}: {e}") from None
+
+
+def _is_set(flag: Any) -> bool:
+    """A connection's boolean field: ``true`` in JSON, or its text as a form or URI gives it."""
+    return flag is True or (isinstance(flag, str) and flag.strip().lower() in ("true", "1", "yes", "on"))
 
 
 def _unprefixed(extra: dict[str, Any], prefix: str) -> dict[str, Any]:

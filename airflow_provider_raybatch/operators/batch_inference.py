@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
+from airflow_provider_raybatch.operators.rendered import rendered_replica_resources
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
@@ -88,7 +89,7 @@ class RayBatchInferenceOperator(RayPipelineOperator):
 
     def replica_resources(self) -> ReplicaResources:
         """The predictor replicas' resources, from the rendered arguments."""
-        return ReplicaResources(
+        return rendered_replica_resources(
             batch_size=self.batch_size,
             concurrency=self.concurrency,
             num_cpus=self.num_cpus,

@@ -14,7 +14,7 @@ from airflow_provider_raybatch.llm.build import build_stages
 from airflow_provider_raybatch.llm.config import DEFAULT_API_KEY_ENV, ChatTask, EngineConfig
 from airflow_provider_raybatch.llm.engines import find_engine, get_engine
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
-from airflow_provider_raybatch.operators.rendered import as_kind
+from airflow_provider_raybatch.operators.rendered import as_kind, rendered_replica_resources
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
@@ -136,12 +136,11 @@ class ChatOperator(RayPipelineOperator):
 
     def replica_resources(self) -> ReplicaResources:
         """The engine replicas' resources, from the rendered arguments."""
-        num_gpus = self.num_gpus if self.num_gpus not in ("", "None") else None
-        return ReplicaResources(
-            batch_size=int(self.batch_size),
-            concurrency=as_kind(self.concurrency, (int, list, tuple), "concurrency"),
-            num_cpus=float(self.num_cpus),
-            num_gpus=None if num_gpus is None else float(num_gpus),
+        return rendered_replica_resources(
+            batch_size=self.batch_size,
+            concurrency=self.concurrency,
+            num_cpus=self.num_cpus,
+            num_gpus=self.num_gpus,
             memory=self.memory,
             accelerator_type=self.accelerator_type,
             resources=self.ray_resources,

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
 #: What a template renders for a value that is not set: a Param or variable that is None, or empty.
 _UNSET_TEXT = ("", "None")
@@ -101,3 +102,29 @@ def as_kind(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
     if not isinstance(value, kind):
         raise ConfigError(f"{name} must be {kind}, got {type(value).__name__}")
     return value
+
+
+def rendered_replica_resources(
+    *,
+    batch_size: Any,
+    concurrency: Any,
+    num_cpus: Any,
+    num_gpus: Any,
+    memory: Any = None,
+    accelerator_type: str | None = None,
+    resources: dict[str, float] | None = None,
+) -> ReplicaResources:
+    """The replicas' resources from the operator's (templated) arguments: ``"16"`` is 16, ``"None"``
+    is None where None is a value, a concurrency of ``"[1, 4]"`` is ``(1, 4)``; the resources'
+    own checks then apply (:meth:`ReplicaResources.validate`)."""
+    if isinstance(concurrency, str):
+        concurrency = as_kind(concurrency, (int, list), "concurrency")
+    return ReplicaResources(
+        batch_size=rendered_number("batch_size", batch_size, int, "an integer >= 1 or None", optional=True),
+        concurrency=concurrency,
+        num_cpus=rendered_number("num_cpus", num_cpus, float, "a number >= 0", optional=False),
+        num_gpus=rendered_number("num_gpus", num_gpus, float, "a number >= 0 or None", optional=True),
+        memory=rendered_number("memory", memory, int, "a number of bytes or None", optional=True),
+        accelerator_type=accelerator_type,
+        resources=resources,
+    )

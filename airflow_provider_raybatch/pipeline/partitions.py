@@ -69,7 +69,7 @@ def plan_partitions(config: BatchInferenceConfig, partitions: int, *, ray_job: s
 
     Everything is checked as for a run (settings, predictors, input, output) and no model runs.
     The input's footers are read where this runs: by threads of this process, or, in a Ray
-    Job's driver with many input files, by Ray tasks (:func:`.input_files.read_footers`). Groups
+    Job's driver with many input files, by Ray tasks (:func:`.footers.read_footers`). Groups
     are contiguous runs of the plan's ranges, as equal in count as possible, and depend only on
     the input and settings: a rerun plans the same groups, so each mapped task instance finds
     its own committed ranges again.

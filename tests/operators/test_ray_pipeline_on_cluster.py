@@ -15,7 +15,7 @@ import pytest
 from airflow_provider_raybatch.hooks.jobs_client import run_sync
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
-from airflow_provider_raybatch.pipeline.planning import input_files
+from airflow_provider_raybatch.pipeline.planning import footers
 from tests.conftest import REPO, run_dag
 from tests.support.cluster_dags import CONN_ID, LOGICAL_DATE, cluster_dag, mapped_cluster_dag
 from tests.support.data import assert_exactly_once, read_output, write_input
@@ -277,7 +277,7 @@ def test_a_stage_runs_on_the_node_that_has_its_custom_resource(tmp_path, cluster
 
 def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_path, ray_cluster, monkeypatch, capfd):
     # Footers are read by Ray tasks from 3 files on (by default from 1,000).
-    env = {"PYTHONPATH": str(REPO), input_files.RAY_FOOTERS_MIN_FILES_ENV: "3"}
+    env = {"PYTHONPATH": str(REPO), footers.RAY_FOOTERS_MIN_FILES_ENV: "3"}
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", connection(ray_cluster, runtime_env={"env_vars": env}))
     write_input(tmp_path / "in", [150, 150, 100, 0])
     here = plan_partitions(config(tmp_path, output_path=str(tmp_path / "planned_here")), 2)
@@ -286,7 +286,7 @@ def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_
         raise AssertionError("the Airflow task read an input footer")
 
     # From here on, this process (the Airflow worker of dag.test()) must read no footer.
-    monkeypatch.setattr(input_files, "read_file_info", read_here)
+    monkeypatch.setattr(footers, "read_file_info", read_here)
     dag = mapped_cluster_dag(
         "mapped_on_cluster",
         2,

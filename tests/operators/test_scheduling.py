@@ -207,7 +207,7 @@ def test_a_relative_path_fails_the_task_at_once_naming_the_argument(tmp_path):
         operator.execute(context)
 
 
-def test_a_resource_rendered_as_text_fails_the_task_at_once_naming_it(tmp_path):
+def test_resources_rendered_as_text_are_read_as_numbers_and_bad_text_fails_the_task_at_once_naming_it(tmp_path):
     """Without render_template_as_native_obj, "{{ params.batch_size }}" renders as text."""
     write_input(tmp_path / "in", [10])
     operator = RayBatchInferenceOperator(
@@ -216,10 +216,24 @@ def test_a_resource_rendered_as_text_fails_the_task_at_once_naming_it(tmp_path):
         input_path=str(tmp_path / "in"),
         output_path=str(tmp_path / "out"),
         batch_size="256",
+        concurrency="[1, 2]",
+        num_cpus="0.5",
+        num_gpus="0",
+    )
+    resources = operator.replica_resources()
+    assert (resources.batch_size, resources.concurrency, resources.num_cpus, resources.num_gpus) == (
+        256,
+        [1, 2],
+        0.5,
+        0,
     )
     context = {
         "ti": type("TI", (), {"dag_id": "d", "run_id": "r", "task_id": "text", "map_index": -1, "try_number": 1})()
     }
-    with pytest.raises(AirflowFailException, match="batch_size must be an integer >= 1 or None, got '256'"):
+    operator.batch_size = "many"
+    with pytest.raises(AirflowFailException, match="batch_size must be an integer >= 1 or None, got 'many'"):
+        operator.execute(context)
+    operator.batch_size, operator.concurrency = "256", "lots"
+    with pytest.raises(AirflowFailException, match="concurrency must be"):
         operator.execute(context)
     assert not (tmp_path / "out").exists()

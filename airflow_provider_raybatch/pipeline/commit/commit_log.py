@@ -75,7 +75,7 @@ class CommitLog:
         self.manifest_path = f"{self.meta}/manifest.json"
         #: The layout this ledger writes: the recorded plan's (:meth:`.ledger.OutputLedger.load_plan`), else the newest.
         self.version = PLAN_VERSION
-        #: The id of the plan this writer checked its configuration against (:meth:`.ledger.PlanRecord.plan_id`),
+        #: The id of the plan this writer checked its configuration against (:meth:`.plan_record.PlanRecord.plan_id`),
         #: named in each record it writes; None until a plan is loaded or written.
         self.plan_id: str | None = None
         #: Whose segments this writer writes (:meth:`.ledger.OutputLedger.set_scope`), and this writer's own id

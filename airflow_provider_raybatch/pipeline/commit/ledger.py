@@ -25,7 +25,8 @@ leaves at most files without a record, which are deleted before the range is red
 a finished output only ever sees whole ranges, each once, and a range's rejects exactly when its
 accepted rows. A range counts as committed (progress, summary) only once (3) is durable.
 
-The commit records themselves (segments, manifest, layout versions) are kept by :mod:`.commit_log`.
+The commit records themselves (segments, manifest, layout versions) are kept by :mod:`.commit_log`,
+the plan's record by :mod:`.plan_record`.
 """
 
 from __future__ import annotations
@@ -36,17 +37,16 @@ import json
 import logging
 import posixpath
 import uuid
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE, PLAN_VERSION, CommitLog
+from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE, CommitLog
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.output_schema import schema_from_json, schema_to_json
-from airflow_provider_raybatch.pipeline.errors import ConfigError, RayBatchError
-from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
+from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
+from airflow_provider_raybatch.pipeline.errors import RayBatchError
 from airflow_provider_raybatch.pipeline.store.files import (
     create_file,
     ensure_folder,
@@ -65,46 +65,6 @@ META_DIR = "_raybatch"
 REJECTS_DIR = "_rejects"
 LEASE_DIR = "lease"
 PARTITION_LEASES_DIR = "leases"
-#: What of a planned file identifies a plan (:meth:`PlanRecord.plan_id`).
-_PLAN_ID_FILE_KEYS = ("relpath", "size", "rows", "row_groups", "signature")
-
-
-@dataclass(frozen=True)
-class PlanRecord:
-    """``_raybatch/plan.json``: what an output was planned on, checked by every later run.
-
-    :param input_path: the input as the user gave it.
-    :param input: the planned files and ranges (:meth:`Plan.describe`).
-    :param job: the job signature (:meth:`BatchInferenceConfig.job_signature`).
-    :param run_key: the run that planned it (``mode="overwrite"`` applies once per run key).
-    :param version: the layout version of the output.
-    """
-
-    input_path: str
-    input: dict[str, Any]
-    job: dict[str, Any]
-    run_key: str | None
-    version: int = PLAN_VERSION
-
-    def plan_id(self) -> str:
-        """What identifies this plan: a digest of the input path, job signature, run key and each
-        planned file's name, size, rows, row groups and signature.
-
-        A writer names it in each record it writes (:meth:`OutputLedger.publish`), so that ranges
-        written under a plan that has since been replaced (an overwrite by another run or with
-        other settings, racing a writer that checked the old plan) are told apart from the
-        output's own: the verifier reports them, and the next writer redoes them. Fingerprint
-        fields that plans of earlier versions lack (modification time, ETag, version) are left
-        out, so that such a plan keeps its id.
-        """
-        files = [{k: f.get(k) for k in _PLAN_ID_FILE_KEYS} for f in self.input.get("files", ())]
-        data = {"input_path": self.input_path, "files": files, "job": self.job, "run_key": self.run_key}
-        return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-
-    def range_ids(self) -> list[str]:
-        """The planned ranges' ids, in plan order (listed by layout 1, cut again from the files by layout 2)."""
-        ranges = recorded_ranges(self.input, self.job["rows_per_range"], self.job.get("max_rows"))
-        return [r.id for r in ranges]
 
 
 class OutputLedger(CommitLog):
@@ -164,20 +124,13 @@ class OutputLedger(CommitLog):
             data = read_json(self.fs, self.plan_path)
         except FileNotFoundError:
             return None
-        version = data.get("version")
-        if not isinstance(version, int) or version > PLAN_VERSION:
-            raise ConfigError(
-                f"output {self.display_path!r} was written by a newer version of airflow-provider-raybatch "
-                f"(layout version {version!r}; this version reads up to {PLAN_VERSION}): upgrade the provider "
-                "where the pipeline runs, or write to another output path"
-            )
-        self.version = version
-        plan = PlanRecord(**data)
+        plan = PlanRecord.from_json(data, self.display_path)
+        self.version = plan.version
         self.plan_id = plan.plan_id()
         return plan
 
     def write_plan(self, plan: PlanRecord) -> None:
-        write_json(self.fs, self.plan_path, asdict(plan), compact=True)
+        write_json(self.fs, self.plan_path, plan.to_json(), compact=True)
         self.version = plan.version
         self.plan_id = plan.plan_id()
 
@@ -236,18 +189,6 @@ class OutputLedger(CommitLog):
         names = [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(self.root, detail=False)]
         return sorted(n for n in names if n not in (META_DIR, REJECTS_DIR) and not _is_part_file(n))
 
-    def commit(
-        self,
-        range_id: str,
-        tmp_paths: list[str],
-        rows: int,
-        rejects_tmp_paths: list[str] = (),
-        rejected: int = 0,
-        engine_errors: int = 0,
-    ) -> None:
-        """Publish a range's files and record it at once (:meth:`publish` then :meth:`record`)."""
-        self.record([self.publish(range_id, tmp_paths, rows, rejects_tmp_paths, rejected, engine_errors)])
-
     def publish(
         self,
         range_id: str,
@@ -302,7 +243,7 @@ class OutputLedger(CommitLog):
         A record whose files are not all there does not count: its range is redone (a write
         whose outcome was unknown can leave such a record, applied after the try that wrote
         it had given up on it). Nor does a record written under another plan than this writer's
-        (:meth:`PlanRecord.plan_id`: a writer that raced an overwrite). Then the data and rejects files of ranges without a record
+        (:meth:`.plan_record.PlanRecord.plan_id`: a writer that raced an overwrite). Then the data and rejects files of ranges without a record
         are deleted, and this writer's temporary folder with them.
 
         With ``range_ids`` (one partition of a mapped run), only files of those ranges: other

@@ -19,13 +19,8 @@ import pyarrow as pa
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.errors import InputError
-from airflow_provider_raybatch.pipeline.planning.input_files import (
-    FINGERPRINT_FIELDS,
-    FooterReader,
-    InputFile,
-    list_input_files,
-    read_footers,
-)
+from airflow_provider_raybatch.pipeline.planning.footers import FooterReader, read_footers
+from airflow_provider_raybatch.pipeline.planning.input_files import FINGERPRINT_FIELDS, InputFile, list_input_files
 from airflow_provider_raybatch.pipeline.store.retries import retry_transient
 
 

@@ -42,7 +42,7 @@ def test_a_commit_record_is_durable_only_after_the_files_it_names(tmp_path, sysc
     pq.write_table(pa.table({"id": [3], "reason": ["bad"], "kind": ["invalid_input"]}), rejects)
     syscalls.clear()
 
-    ledger.commit("r1", [data], 2, [rejects], 1, 0)
+    ledger.record([ledger.publish("r1", [data], 2, [rejects], 1, 0)])
 
     out = tmp_path / "out"
     (record,) = (out / "_raybatch" / "segments").iterdir()  # a segment holding the one record

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import InputError
-from airflow_provider_raybatch.pipeline.planning.input_files import (
+from airflow_provider_raybatch.pipeline.planning.footers import (
     RAY_FOOTERS_MIN_FILES_ENV,
     read_footers_on_ray,
     read_footers_threaded,
