@@ -46,6 +46,19 @@ RAY_CONN_FIELDS: dict[str, dict[str, Any]] = {
 }
 
 
+def ray_field_behaviour(*, named_extras: bool) -> dict[str, Any]:
+    """The ``ray`` connection form's standard fields: which are hidden, relabelled, hinted.
+
+    :param named_extras: whether the form shows :data:`RAY_CONN_FIELDS` as fields of their own
+        (Airflow 3.2+); otherwise the extras stay the JSON "Extra" field.
+    """
+    return {
+        "hidden-fields": ["schema", "login", "port", *(["extra"] if named_extras else [])],
+        "relabeling": {"host": "Ray dashboard address", "password": "Ray auth token"},
+        "placeholders": {"host": "http://ray-head:8265 (empty: embedded local Ray)"},
+    }
+
+
 def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-provider-raybatch",
@@ -80,11 +93,7 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "ray",
                 "hook-class-name": "airflow_provider_raybatch.hooks.ray.RayHook",
                 "conn-fields": RAY_CONN_FIELDS,
-                "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "login", "port", "extra"],
-                    "relabeling": {"host": "Ray dashboard address", "password": "Ray auth token"},
-                    "placeholders": {"host": "http://ray-head:8265 (empty: embedded local Ray)"},
-                },
+                "ui-field-behaviour": ray_field_behaviour(named_extras=True),
             }
         ],
     }

@@ -78,7 +78,8 @@ def run_dag(dag, logical_date, conf=None):
     task instances (as a retry or a clear would be).
     """
     from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+    from tests.support.airflow_versions import DagBag, sync_bag_to_db
 
     DagBundlesManager().sync_bundles_to_db()
     bag = DagBag(dag_folder=tempfile.mkdtemp())

@@ -86,7 +86,7 @@ def test_code_that_runs_on_ray_imports_no_airflow_module_of_the_provider(layer):
 #: and the layers below it, never one above: stores know nothing of plans, planning and the local
 #: Ray nothing of commits, the commit protocol nothing of Ray Data, and nothing below runs a task.
 PIPELINE_LAYERS = [
-    ("store", "errors", "columns", "resources", "config"),
+    ("store", "errors", "columns", "ray_compat", "resources", "config"),
     ("runtime", "planning", "summary"),
     ("commit",),
     ("execution",),
@@ -127,3 +127,32 @@ def test_the_local_ray_and_planning_know_nothing_of_each_other():
         if (m.startswith(runtime) and d.startswith(planning)) or (m.startswith(planning) and d.startswith(runtime))
     ]
     assert crossing == []
+
+
+#: What Ray keeps private (no compatibility promised between releases).
+PRIVATE_RAY = ("ray._", "ray.core.generated", "ray.data._internal")
+#: The version-specific homes of Airflow names (airflow_provider_raybatch/version_compat.py).
+MOVED_AIRFLOW = ("airflow.sdk.configuration", "airflow.sdk.exceptions", "airflow.configuration", "airflow.exceptions")
+
+
+def imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_private_ray_and_moved_airflow_names_are_imported_only_by_the_compatibility_modules():
+    """One place each for what differs between releases: pipeline/ray_compat.py and version_compat.py."""
+    misplaced = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        for module in imported_modules(path):
+            if module.startswith(PRIVATE_RAY) and name != f"{NAME}.pipeline.ray_compat":
+                misplaced.setdefault(name, []).append(module)
+            if module.startswith(MOVED_AIRFLOW) and name != f"{NAME}.version_compat":
+                misplaced.setdefault(name, []).append(module)
+    assert misplaced == {}

@@ -7,7 +7,8 @@ import sys
 from importlib.metadata import entry_points
 
 from airflow_provider_raybatch import __version__
-from airflow_provider_raybatch.get_provider_info import get_provider_info
+from airflow_provider_raybatch.get_provider_info import RAY_CONN_FIELDS, get_provider_info
+from airflow_provider_raybatch.version_compat import AIRFLOW_V_3_2_PLUS
 from tests.conftest import REPO
 
 
@@ -55,19 +56,15 @@ def test_the_ray_connection_form_declares_its_fields_and_secrets():
     manager = ProvidersManager()
     widgets = manager.connection_form_widgets
     fields = {name.removeprefix("extra__ray__"): w for name, w in widgets.items() if name.startswith("extra__ray__")}
-    assert set(fields) == {
-        "verify",
-        "headers",
-        "cookies",
-        "runtime_env",
-        "entrypoint_num_cpus",
-        "entrypoint_num_gpus",
-        "entrypoint_memory",
-        "namespace",
-    }
-    assert {name for name, w in fields.items() if w.is_sensitive} == {"headers", "cookies"}
     behaviour = manager.field_behaviours["ray"]
     assert behaviour["relabeling"] == {"host": "Ray dashboard address", "password": "Ray auth token"}
+    if not AIRFLOW_V_3_2_PLUS:
+        # Airflow 3.1 reads the form from the hook (no conn-fields): the extras stay one JSON field.
+        assert fields == {} and "extra" not in behaviour["hidden_fields"]
+        return
+    assert set(fields) == set(RAY_CONN_FIELDS)
+    assert {name for name, w in fields.items() if w.is_sensitive} == {"headers", "cookies"}
+    assert "extra" in behaviour["hidden_fields"]
 
 
 def test_the_code_that_runs_on_a_ray_cluster_imports_no_airflow():

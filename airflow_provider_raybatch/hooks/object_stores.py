@@ -18,11 +18,11 @@ import json
 from typing import Any
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.log import mask_secret
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.store.urls import AZURE, GCS, S3, Store
+from airflow_provider_raybatch.version_compat import AirflowNotFoundException
 
 #: The scope gcsfs needs (the Google provider's default is cloud-platform, which includes it).
 GCS_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"

@@ -9,11 +9,11 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_raybatch.hooks.jobs_types import JobInfo, JobStatus
 from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings, cluster_settings
 from airflow_provider_raybatch.pipeline.errors import ConfigError, JobAlreadyExists, RayJobsError
+from airflow_provider_raybatch.version_compat import AIRFLOW_V_3_2_PLUS, AirflowNotFoundException
 
 if TYPE_CHECKING:
     # The client (aiohttp) is imported where it is used: DAG files importing operators stay light.
@@ -47,6 +47,15 @@ class RayHook(BaseHook):
     default_conn_name = "ray_default"
     conn_type = "ray"
     hook_name = "Ray"
+
+    if not AIRFLOW_V_3_2_PLUS:
+
+        @classmethod
+        def get_ui_field_behaviour(cls) -> dict[str, Any]:
+            """The connection form on Airflow 3.1, which reads it here (3.2+: the provider info)."""
+            from airflow_provider_raybatch.get_provider_info import ray_field_behaviour
+
+            return ray_field_behaviour(named_extras=False)
 
     def __init__(self, ray_conn_id: str | None = default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)

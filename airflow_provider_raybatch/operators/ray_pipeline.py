@@ -16,8 +16,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseOperator
-from airflow.sdk.configuration import conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowTaskTimeout
 
 from airflow_provider_raybatch.assets import attach_summary, resolve_asset
 from airflow_provider_raybatch.hooks.jobs_types import JobFailure, JobInfo
@@ -41,6 +39,15 @@ from airflow_provider_raybatch.pipeline.config import (
 from airflow_provider_raybatch.pipeline.errors import NotRetryableError, RayJobsError
 from airflow_provider_raybatch.runners.base import PipelineRunner
 from airflow_provider_raybatch.runners.embedded import EmbeddedRunner
+from airflow_provider_raybatch.version_compat import (
+    AIRFLOW_VERSION,
+    TRIGGER_ON_KILL,
+    AirflowException,
+    AirflowFailException,
+    AirflowTaskTimeout,
+    conf,
+    note_once,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -251,6 +258,15 @@ class RayPipelineOperator(BaseOperator):
         if self.deferrable:
             from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
 
+            if not TRIGGER_ON_KILL:
+                note_once(
+                    "trigger_on_kill",
+                    "Airflow %s does not tell a trigger that its task was killed (3.3+): a task marked failed "
+                    "while deferred leaves its Ray job %s running until it ends or reaches its deadline",
+                    AIRFLOW_VERSION,
+                    info.submission_id,
+                )
+
             self.defer(
                 trigger=RayJobTrigger(
                     ray_conn_id=self.ray_conn_id,
@@ -274,6 +290,13 @@ class RayPipelineOperator(BaseOperator):
 
         ti = context["ti"]
         store = context.get("task_state_store")
+        if store is None:
+            note_once(
+                "task_state_store",
+                "Airflow %s has no task state store (3.3+): each try finds its Ray job by walking the job's "
+                "submission ids from attempt 0",
+                AIRFLOW_VERSION,
+            )
         prefix = submission_id_prefix(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
         return RayJobRunner(
             self.hook,

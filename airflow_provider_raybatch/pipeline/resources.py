@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from airflow_provider_raybatch.pipeline import ray_compat
 from airflow_provider_raybatch.pipeline.errors import ConfigError, ResourcesUnavailableError
 from airflow_provider_raybatch.pipeline.store.retries import seconds_from_env
 
@@ -100,14 +101,19 @@ class ReplicaResources:
         return not self.num_gpus and not self.accelerator_type
 
     def reservation(self) -> dict[str, Any]:
-        """What one replica reserves, as Ray Data's ``map_batches`` and ``read_datasource`` take it."""
-        return {
+        """What one replica reserves, as Ray Data's ``map_batches`` and ``read_datasource`` take it.
+
+        What is not set is left out, not passed as None: Ray 2.55's operator fusion fails on a
+        None-valued remote argument (``are_remote_args_compatible``), later releases ignore it.
+        """
+        reservation = {
             "num_cpus": self.num_cpus,
             "num_gpus": self.num_gpus,
             "memory": self.memory,
             "accelerator_type": self.accelerator_type,
             "resources": self.resources,
         }
+        return {name: value for name, value in reservation.items() if value is not None}
 
     def map_batches_kwargs(self) -> dict[str, Any]:
         """Ray Data ``map_batches`` arguments for an actor pool of these replicas."""
@@ -223,14 +229,7 @@ def _lost_nodes() -> list[str]:
 
 def _autoscaler_limits(resources: Mapping[str, float]) -> dict[str, float]:
     """The most each resource could reach under the cluster's autoscaler (none without one)."""
-    try:  # Ray's own view of the autoscaler's node types (private, as Ray Data uses it): None without one
-        from ray._private.state import state
-
-        limits = state.get_max_resources_from_cluster_config() or {}
-    except Exception as e:  # noqa: BLE001 - an older or newer Ray: judge by the nodes alone
-        log.debug("No autoscaler limits from Ray: %s", e)
-        return {}
-    return {name: max(amount, resources.get(name, 0)) for name, amount in limits.items()}
+    return {name: max(amount, resources.get(name, 0)) for name, amount in ray_compat.autoscaler_limits().items()}
 
 
 def is_int(value: Any) -> bool:

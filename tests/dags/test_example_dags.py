@@ -11,6 +11,7 @@ import pytest
 
 from airflow_provider_raybatch.examples import digits
 from tests.conftest import REPO, run_dag
+from tests.support.airflow_versions import ParamValidationError
 from tests.support.assets import asset_events
 from tests.support.dag_files import parse_dag_files
 from tests.support.data import assert_exactly_once, read_output
@@ -42,7 +43,7 @@ def load_dag(name: str):
 
 
 def test_all_dags_load_without_errors_or_warnings():
-    from airflow.dag_processing.dagbag import DagBag
+    from tests.support.airflow_versions import DagBag
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -58,7 +59,7 @@ def test_all_dags_load_without_errors_or_warnings():
 
 @pytest.fixture(scope="module")
 def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
+    from tests.support.airflow_versions import DagBag
 
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {} and bag.dags
@@ -109,8 +110,6 @@ def test_every_example_dag_is_documented_typed_announced_and_retried(dagbag):
     ],
 )
 def test_llm_dag_params_refuse_bad_values(dag_id, bad):
-    from airflow.sdk.exceptions import ParamValidationError
-
     dag = load_dag(dag_id)
     dag.params.validate()  # the defaults are valid
     for name, value in bad.items():
@@ -134,8 +133,6 @@ def test_each_dag_file_parses_without_heavy_imports(dag_file):
 
 
 def test_daily_params_are_typed_described_and_validated():
-    from airflow.sdk.exceptions import ParamValidationError
-
     dag = load_dag("daily_batch_inference")
     for name, param in dag.params.items():
         assert param.schema.get("type") and param.description, name

@@ -25,7 +25,7 @@ from airflow_provider_raybatch.pipeline.errors import (
     RayJobsError,
 )
 from tests.conftest import free_port
-from tests.support.ray_cluster import connection
+from tests.support.ray_cluster import cluster_ray_version, connection
 
 
 def hook_for(monkeypatch, **conn) -> RayHook:
@@ -96,7 +96,7 @@ def test_bad_json_names_the_field_but_not_its_secret_value(monkeypatch):
 def test_the_test_button_reports_version_and_resources(monkeypatch, ray_cluster):
     ok, message = hook_for(monkeypatch, host=ray_cluster.dashboard, password=ray_cluster.token).test_connection()
     assert ok, message
-    assert message.startswith(f"Ray 2.60.0 at {ray_cluster.dashboard}: ") and "CPUs, 0 GPUs" in message
+    assert message.startswith(f"Ray {cluster_ray_version()} at {ray_cluster.dashboard}: ") and "CPUs, 0 GPUs" in message
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from airflow.sdk import DAG, Param
-from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 from airflow_provider_raybatch.pipeline import Stage
+from airflow_provider_raybatch.version_compat import AirflowFailException
 from tests.conftest import run_dag
 from tests.support.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout
 
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+from airflow_provider_raybatch.version_compat import AirflowException, AirflowTaskTimeout
 
 
 def operator() -> RayBatchInferenceOperator:

@@ -11,11 +11,11 @@ from datetime import UTC, datetime
 
 import pytest
 from airflow.sdk import DAG, Asset, task
-from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_raybatch.assets import default_asset
 from airflow_provider_raybatch.lineage import dataset_name
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+from airflow_provider_raybatch.version_compat import AirflowFailException
 from tests.conftest import REPO, run_dag
 from tests.support.assets import asset_events
 from tests.support.data import assert_exactly_once, read_output, write_input

@@ -15,7 +15,7 @@ from tests.conftest import REPO
 _PARSE_SCRIPT = """
 import json, sys, time, warnings
 started = time.perf_counter()
-from airflow.dag_processing.dagbag import DagBag
+from tests.support.airflow_versions import DagBag
 heavy = set(sys.argv[2].split(","))
 results = {}
 for path in json.loads(sys.argv[1]):

@@ -1,5 +1,9 @@
 """A real Ray cluster on loopback for the tests: `ray start --head` (with the dashboard and token
-auth) and, on demand, a second `ray start --address` node. Stopped by the pids of its processes."""
+auth) and, on demand, a second `ray start --address` node. Stopped by the pids of its processes.
+
+The cluster runs the Ray of this venv, or of the venv whose `bin` folder is
+:data:`CLUSTER_BIN_ENV` (a cluster image with another Ray release, and the provider installed
+beside it: the mixed-version tests, `make test-compat`)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,16 @@ from pathlib import Path
 
 from tests.conftest import REPO, free_port
 
-RAY = str(Path(sys.executable).with_name("ray"))
+#: Environment variable: the `bin` folder of the venv the cluster runs (default: this one's).
+CLUSTER_BIN_ENV = "RAYBATCH_TEST_CLUSTER_BIN"
+CLUSTER_BIN = Path(os.environ.get(CLUSTER_BIN_ENV) or Path(sys.executable).parent)
+RAY = str(CLUSTER_BIN / "ray")
+
+
+def cluster_ray_version() -> str:
+    """The Ray release the cluster runs (not necessarily the one imported here)."""
+    out = subprocess.run([str(CLUSTER_BIN / "python"), "-c", "import ray; print(ray.__version__)"], capture_output=True)
+    return out.stdout.decode().strip()
 
 
 @dataclass
@@ -37,8 +50,8 @@ class LocalRayCluster:
         env.update(
             RAY_AUTH_MODE="token",
             RAY_AUTH_TOKEN=self.token,
-            # Job entrypoints run `python`: this venv's, as a cluster image would provide.
-            PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+            # Job entrypoints run `python`: the cluster venv's, as a cluster image would provide.
+            PATH=f"{CLUSTER_BIN}{os.pathsep}{env.get('PATH', '')}",
             RAY_USAGE_STATS_ENABLED="0",
         )
         env.pop("RAY_ADDRESS", None)

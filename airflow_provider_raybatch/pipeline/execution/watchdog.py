@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
+from airflow_provider_raybatch.pipeline import ray_compat
 from airflow_provider_raybatch.pipeline.config import Stage, TransformStage
 from airflow_provider_raybatch.pipeline.errors import NoProgressError
 from airflow_provider_raybatch.pipeline.summary import Progress
@@ -140,7 +141,7 @@ class Watchdog:
             log.error("Stopping the run: %s; %s", stall, self._last_commit())
             self.stall = stall
         try:
-            executor = _executor(self.dataset)
+            executor = ray_compat.streaming_executor(self.dataset)
             if executor is not None:
                 # What Ray Data's iterator does when its consumer stops early: with force, the
                 # actors are killed (a hung call never returns) and the stream ends.
@@ -169,8 +170,8 @@ class Watchdog:
         """Which stage holds the unfinished batches, from the state of Ray Data's executor."""
         names = ", ".join(repr(s.display_name) for s in self.stages)
         try:
-            executor = _executor(self.dataset)
-            operators = None if executor is None else list(executor._topology.items())
+            executor = ray_compat.streaming_executor(self.dataset)
+            operators = None if executor is None else ray_compat.executor_operators(executor)
         except Exception as e:  # noqa: BLE001 - a report must not fail the watchdog: say what is known
             log.debug("Cannot read Ray Data's executor state", exc_info=e)
             operators = None
@@ -197,24 +198,6 @@ class Watchdog:
 def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
     """Raise ``exc`` in thread ``thread_id`` when it next runs Python code; None withdraws a pending one."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
-
-
-def _executor(dataset: Any) -> Any:
-    """The running executor of ``dataset`` (Ray Data 2.60 keeps it private), or None.
-
-    It is the thread that runs the dataset's scheduling loop, found by the dataset's id:
-    ``Dataset._current_executor`` is set only once the first batch has arrived, too late for a
-    run stalled on its first batch.
-    """
-    if dataset is None:
-        return None
-    from ray.data._internal.execution.streaming_executor import StreamingExecutor
-
-    dataset_id = dataset.get_dataset_id()
-    for thread in threading.enumerate():
-        if isinstance(thread, StreamingExecutor) and getattr(thread, "_dataset_id", None) == dataset_id:
-            return thread
-    return None
 
 
 def _labels(operators: list[Any], stages: list[Stage]) -> list[str]:

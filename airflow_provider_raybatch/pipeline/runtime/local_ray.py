@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from airflow_provider_raybatch.pipeline import ray_compat
 from airflow_provider_raybatch.pipeline.runtime.reaper import start_reaper
 from airflow_provider_raybatch.pipeline.runtime.shared.auth import restore_auth, use_head_token
 from airflow_provider_raybatch.pipeline.runtime.shared.client import SharedRayClient
@@ -109,8 +110,9 @@ def prestart_workers(count: int, keep_alive_s: float | None = None) -> bool:
     Ray starts a worker for a job with a ``runtime_env`` (every task's: its ``sys.path``) only
     when an actor or task of the job is scheduled; its start and imports (~1.5 s) then come after
     the driver built the dataset, on the way to the first result. Started here, they overlap it.
-    Ray has no public call for this: this uses the raylet's ``PrestartWorkers`` request, as an
-    optimisation only; if it fails, the run goes on as before and the reason is logged.
+    Ray has no public call for this: it is the raylet's ``PrestartWorkers`` request
+    (:func:`.ray_compat.prestart_workers`), an optimisation only; if it fails, the run goes on as
+    before and the reason is logged.
 
     :param count: worker processes to start.
     :param keep_alive_s: None: workers of this job, for its replicas, read and write tasks.
@@ -120,30 +122,7 @@ def prestart_workers(count: int, keep_alive_s: float | None = None) -> bool:
     """
     if count < 1:
         return False
-    try:
-        import ray
-        from ray._private.grpc_utils import init_grpc_channel
-        from ray.core.generated import common_pb2, node_manager_pb2, node_manager_pb2_grpc
-
-        worker, node = ray._private.worker.global_worker, ray._private.worker._global_node
-        job = worker.current_job_id if keep_alive_s is None else ray.JobID.nil()
-        channel = init_grpc_channel(f"{node.node_ip_address}:{node.node_manager_port}")
-        try:
-            request = node_manager_pb2.PrestartWorkersRequest(
-                language=common_pb2.PYTHON,
-                job_id=job.binary(),
-                runtime_env_info=worker.core_worker.get_job_config().runtime_env_info,
-                # Unused workers of a job end with it anyway.
-                keep_alive_duration_secs=int(keep_alive_s or 60),
-                num_workers=count,
-            )
-            node_manager_pb2_grpc.NodeManagerServiceStub(channel).PrestartWorkers(request, timeout=5)
-        finally:
-            channel.close()
-    except Exception as e:  # noqa: BLE001 - an internal call of Ray's: any failure only costs time
-        log.info("Could not start Ray workers ahead of the pipeline (%s: %s)", type(e).__name__, e)
-        return False
-    return True
+    return ray_compat.prestart_workers(count, keep_alive_s)
 
 
 @contextmanager
@@ -190,16 +169,12 @@ def _on_loopback() -> Iterator[None]:
     variable for the processes a per-task Ray starts now (its workers inherit it from its raylet). Once started or
     joined, Ray takes the node's address from the node itself, so both are restored after.
     """
-    from ray._private import ray_constants
-
     saved_env = {name: os.environ.get(name) for name in LOOPBACK_ENV}
-    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
     os.environ.update(LOOPBACK_ENV)
-    ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        yield
+        with ray_compat.local_cluster_flag(False):
+            yield
     finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from airflow_provider_raybatch.pipeline import ray_compat
+
 _AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")
 
 
@@ -23,7 +25,7 @@ def use_head_token(token_path: Path) -> dict[str, str | None]:
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_path)
     if "ray" in sys.modules:
-        _reread_ray_auth_settings()
+        ray_compat.reload_auth_settings()
     return saved
 
 
@@ -35,18 +37,4 @@ def restore_auth(saved: Mapping[str, str | None]) -> None:
         else:
             os.environ[key] = value
     if "ray" in sys.modules:
-        _reread_ray_auth_settings()
-
-
-def _reread_ray_auth_settings() -> None:
-    """Make an already imported Ray read ``RAY_AUTH_*`` again.
-
-    Ray 2.60 has no public call for this: it caches its settings (``RayConfig``) and the token when
-    it is imported. This is what ``ray.init`` itself does when it turns token auth on for a new
-    local cluster (``ray._private.authentication.authentication_token_setup``); the only private
-    Ray API the shared Ray uses, called only where Ray was imported before the settings changed.
-    """
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
+        ray_compat.reload_auth_settings()
