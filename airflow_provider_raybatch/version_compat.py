@@ -12,7 +12,8 @@ What an older Airflow lacks, and what the provider does instead (docs/compatibil
 - **``BaseTrigger.on_kill`` (3.3)**: a task marked failed while deferred stops its Ray job.
   Without it, the job runs on until it ends or its deadline; stop it from the Ray dashboard.
 - **``conn-fields`` in the provider info (3.2)**: the ``ray`` connection form's named fields.
-  On 3.1 the hook's own form methods give the labels, and the extras are the JSON "Extra" field.
+  On 3.1 the extras are the JSON "Extra" field, and the hook's own form method gives the labels
+  (read by 3.1 only where the FAB provider's wtforms is installed).
 - **``airflow.sdk.exceptions``, ``airflow.sdk.configuration`` (3.2)**: on 3.1 the same classes
   and settings live in ``airflow.exceptions`` and ``airflow.configuration``.
 """

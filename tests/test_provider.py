@@ -56,12 +56,17 @@ def test_the_ray_connection_form_declares_its_fields_and_secrets():
     manager = ProvidersManager()
     widgets = manager.connection_form_widgets
     fields = {name.removeprefix("extra__ray__"): w for name, w in widgets.items() if name.startswith("extra__ray__")}
-    behaviour = manager.field_behaviours["ray"]
-    assert behaviour["relabeling"] == {"host": "Ray dashboard address", "password": "Ray auth token"}
+    relabeling = {"host": "Ray dashboard address", "password": "Ray auth token"}
     if not AIRFLOW_V_3_2_PLUS:
-        # Airflow 3.1 reads the form from the hook (no conn-fields): the extras stay one JSON field.
-        assert fields == {} and "extra" not in behaviour["hidden_fields"]
+        # Airflow 3.1 reads the form from the hook (no conn-fields), where the FAB provider's wtforms
+        # is installed: the extras stay one JSON field.
+        from airflow_provider_raybatch.hooks.ray import RayHook
+
+        behaviour = RayHook.get_ui_field_behaviour()
+        assert fields == {} and "extra" not in behaviour["hidden-fields"] and behaviour["relabeling"] == relabeling
         return
+    behaviour = manager.field_behaviours["ray"]
+    assert behaviour["relabeling"] == relabeling
     assert set(fields) == set(RAY_CONN_FIELDS)
     assert {name for name, w in fields.items() if w.is_sensitive} == {"headers", "cookies"}
     assert "extra" in behaviour["hidden_fields"]
