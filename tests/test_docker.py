@@ -158,9 +158,10 @@ def test_images_install_this_provider_version_on_the_pinned_airflow_and_ray(comp
     # One place for the version: the package's __version__, which the build reads.
     assert pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "airflow_provider_raybatch.__version__"}
     version = __version__
-    dependencies = pyproject()["project"]["dependencies"]
-    ray_pin = next(d for d in dependencies if d.startswith("ray[")).split("==")[1]
-    airflow_pin = re.search(r"^apache-airflow==(\S+)$", (REPO / "constraints.txt").read_text(), re.M).group(1)
+    # The images are built on the newest tested set: constraints.txt's pins.
+    constraints = (REPO / "constraints.txt").read_text()
+    ray_pin = re.search(r"^ray==(\S+)$", constraints, re.M).group(1)
+    airflow_pin = re.search(r"^apache-airflow==(\S+)$", constraints, re.M).group(1)
     for name in DOCKERFILES:
         text = (DOCKER / name).read_text()
         assert f"ARG PROVIDER_VERSION={version}\n" in text, name
