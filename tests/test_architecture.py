@@ -16,13 +16,26 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def parse(path: Path) -> ast.Module:
+    """``ast.parse``, tried again on CPython 3.11's spurious "AST constructor recursion depth
+    mismatch" SystemError (python/cpython#106905), seen when another thread of the test session
+    builds an AST at the same moment."""
+    for attempt in range(3):
+        try:
+            return ast.parse(path.read_text())
+        except SystemError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def imports(path: Path, modules: set[str]) -> set[str]:
     """The package's modules that ``path`` imports anywhere: at the top, in functions, under TYPE_CHECKING.
 
     Lazy imports count too: they hide a cycle from the interpreter, not from a reader.
     """
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -137,7 +150,7 @@ MOVED_AIRFLOW = ("airflow.sdk.configuration", "airflow.sdk.exceptions", "airflow
 
 def imported_modules(path: Path) -> set[str]:
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
