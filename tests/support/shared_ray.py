@@ -11,14 +11,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 # A task: connect, run a probe on a worker, optionally start work that never ends (an actor, a
-# task, and a process the actor starts), print what it saw, stay connected until told to go.
+# task, and a process the actor starts), print what it saw, stay connected until told to go
+# (or, lingering, disconnect and live on until told to go).
 TASK = """
 import json, logging, os, subprocess, sys, time
 logging.basicConfig(level=logging.INFO, format="%(name)s %(message)s")
 import ray
 from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
 mode, release = sys.argv[1], sys.argv[2]
-busy = mode == "busy"
+busy, linger = mode == "busy", mode == "linger"
 
 @ray.remote
 def probe():
@@ -41,10 +42,14 @@ with ray_session():
         time.sleep(3)  # the actor, the task and the actor's child start
     info = {"connect_s": connect_s, "node": ray.get_runtime_context().get_node_id(), "worker": seen}
     print("INFO " + json.dumps(info), flush=True)
-    while release and not os.path.exists(release):
+    while release and not linger and not os.path.exists(release):
         time.sleep(0.1)
-    if release:
+    if release and not linger:
         print("AGAIN " + json.dumps(ray.get(probe.remote())), flush=True)
+if linger:  # disconnected, and the process goes on (as `airflow dags test` does to its next task)
+    print("LEFT", flush=True)
+    while not os.path.exists(release):
+        time.sleep(0.1)
 """
 
 

@@ -70,6 +70,20 @@ def test_two_tasks_share_one_head_each_with_its_own_environment_and_it_stops_whe
     assert "idle for 5 s: stopping the head" in (root / "monitor.log").read_text()
 
 
+def test_a_task_that_disconnected_and_lives_on_is_not_stopped_with_the_head(shared, tmp_path):
+    """Ray keeps a driver's log open after it disconnects: the head's stop (idle, here) must not take
+    the process for one of the head's own (it killed `airflow dags test` between two tasks)."""
+    env, root = shared
+    task = Task(env, "lingering", release=tmp_path / "release", mode="linger")
+    task.info()
+    assert task.process.stdout.readline().startswith("LEFT")
+    assert wait_until(lambda: read_record(root) is None and not head_processes(root), 5 + 30), (
+        root / "monitor.log"
+    ).read_text()
+    assert task.process.poll() is None, "the head's stop killed a task process"
+    task.finish()
+
+
 def test_two_first_tasks_race_and_start_one_head(shared):
     env, root = shared
     tasks = [Task(env, "a"), Task(env, "b")]  # no head yet: both try to start it

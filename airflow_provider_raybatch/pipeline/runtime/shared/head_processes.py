@@ -55,7 +55,9 @@ def head_processes(root: Path) -> list[int]:
 
     Marked by :data:`HEAD_MARK_ENV` in their environment (every process the head starts inherits
     it), or, where Ray's renaming of a worker overwrote that, by a log they write under ``r/``.
-    A connected task writes a driver log there too, but holds its client lock: it is left alone.
+    A task writes a driver log there too: it is left alone, connected (it holds its client lock)
+    or not (Ray keeps the log open after the task disconnects, and the process may live on:
+    ``airflow dags test`` going on to its next task, a notebook).
     """
     mark = f"{HEAD_MARK_ENV}={root}\0".encode()
     found = set(processes_writing(re.compile("^" + re.escape(f"{root}/r/"))))
@@ -64,18 +66,20 @@ def head_processes(root: Path) -> list[int]:
             with contextlib.suppress(OSError):
                 if mark in Path(f"/proc/{entry.name}/environ").read_bytes():
                     found.add(int(entry.name))
-    return sorted(pid for pid in found if not _holds_client_lock(pid, root))
+    return sorted(pid for pid in found if not _is_task(pid, root))
 
 
-def _holds_client_lock(pid: int, root: Path) -> bool:
-    prefix = f"{root}/clients/"
+def _is_task(pid: int, root: Path) -> bool:
+    """Whether ``pid`` holds a client lock of the head in ``root`` or writes a Ray driver's log."""
+    clients = f"{root}/clients/"
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
     for fd in fds:
         with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefix):
+            path = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if path.startswith(clients) or "/logs/python-core-driver-" in path:
                 return True
     return False
 
