@@ -88,9 +88,15 @@ def run_dag(dag, logical_date, conf=None):
     return dag.test(logical_date=logical_date, run_after=logical_date, run_conf=conf)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_local():
-    """One local Ray for the session, joined the way the provider joins it (the shared Ray by default)."""
+    """The local Ray, joined the way the provider joins it (the shared Ray by default).
+
+    One driver per test module, as each Airflow task is a driver of its own: what a module's runs
+    leave in Ray ends with its job. (On Ray 2.55 a long-lived driver can keep a finished run's
+    replica alive, holding its CPUs: a later module's run then waited for them until it timed out.)
+    Joining the shared Ray again costs about a second.
+    """
     import ray
 
     from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
