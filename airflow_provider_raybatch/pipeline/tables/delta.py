@@ -1,0 +1,205 @@
+"""Delta Lake table commits, each applied exactly once (the ``deltalake`` package, delta-rs).
+
+A writer adds files it has already written and committed to its own ledger (Parquet files under
+the table's root) in table commits numbered 0, 1, 2... per writer. Commit ``seq`` carries the
+application transaction ``(writer id, seq)`` and names its ranges in the commit's metadata.
+
+Delta records the transaction but does not refuse a number it has seen (delta-rs 1.6 accepted the
+same ``(app id, version)`` twice and added the rows twice), so the number is checked here: before
+each attempt the table's latest version for the writer id is read, and a commit at or below it
+was applied already (a retry whose first attempt's reply was lost, a resumed run). Two commits
+with the same writer id racing for the table make one fail with ``CommitFailedError`` (delta-rs
+checks a transaction id against the commits that landed since it read the table), and the loser,
+reading again, finds its number applied or commits after the winner.
+
+Readers see a table commit whole or not at all: rows appear a commit at a time, and a partition's
+replacement removes its old files and adds the new ones in one commit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, StoreUnavailableError
+
+log = logging.getLogger(__name__)
+
+#: Attempts at one table commit that conflicts with other writers' commits (each re-reads the table).
+MAX_ATTEMPTS = 20
+#: Metadata keys of the provider's table commits (in ``DeltaTable.history()``).
+WRITER_KEY, SEQ_KEY, RANGES_KEY = "raybatch.writer", "raybatch.seq", "raybatch.ranges"
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A Parquet file already written under the table's root.
+
+    :param path: relative to the table's root, with ``/``.
+    :param size: bytes.
+    :param rows: its row count (Delta's statistics need it: a file without them breaks later
+        replacements of its partition).
+    """
+
+    path: str
+    size: int
+    rows: int
+
+
+class DeltaTableWriter:
+    """One writer's commits to a Delta table partitioned by ``partition_by``.
+
+    :param uri: the table's root (a local path, ``s3://``, ``gs://``, ``abfs://``).
+    :param schema: the table's schema, partition columns included; the table is created with it on
+        the first commit, and a table that exists must have it.
+    :param partition_by: the partition columns (e.g. ``["ds"]``).
+    :param writer_id: the application transaction id of this writer's commits: stable across the
+        retries and resumptions of one output, unique per output.
+    :param storage_options: delta-rs's options for the store (credentials, endpoint).
+    """
+
+    def __init__(
+        self,
+        uri: str,
+        schema: pa.Schema,
+        partition_by: Sequence[str],
+        writer_id: str,
+        storage_options: Mapping[str, str] | None = None,
+    ):
+        self.uri, self.schema, self.partition_by = uri, schema, list(partition_by)
+        self.writer_id = writer_id
+        self.storage_options = dict(storage_options or {})
+
+    def applied(self) -> int:
+        """The highest commit number of this writer in the table; -1 for none (or no table yet)."""
+        table = self._open()
+        return -1 if table is None else _applied(table, self.writer_id)
+
+    def commit(
+        self,
+        seq: int,
+        files: Sequence[DataFile],
+        partition: Mapping[str, str],
+        ranges: Sequence[str],
+        *,
+        replace_partition: bool = False,
+    ) -> bool:
+        """Apply this writer's commit ``seq`` once: add ``files`` to ``partition``.
+
+        :param replace_partition: remove the partition's current files in the same commit (a
+            rerun of a date): readers see the old rows until then and the new ones after, never both.
+        :return: True if this call applied it, False if the table had it already.
+        :raises StoreUnavailableError: the table kept conflicting or failing (retryable: whether the
+            commit landed is read again by the next try before anything is written).
+        """
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        if set(partition) != set(self.partition_by):
+            raise ValueError(f"partition {dict(partition)} does not name the table's columns {self.partition_by}")
+        properties = CommitProperties(
+            app_transactions=[Transaction(self.writer_id, seq)],
+            custom_metadata={WRITER_KEY: self.writer_id, SEQ_KEY: str(seq), RANGES_KEY: json.dumps(list(ranges))},
+        )
+        adds = [_add_action(f, partition) for f in files]
+        error: BaseException | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+            try:
+                table = self._open()
+                if table is not None:
+                    if _applied(table, self.writer_id) >= seq:
+                        return False
+                    self._check_schema(table)
+                    table.create_write_transaction(
+                        adds,
+                        mode="overwrite" if replace_partition else "append",
+                        schema=self.schema,
+                        partition_by=self.partition_by,
+                        partition_filters=[(k, "=", v) for k, v in partition.items()] if replace_partition else None,
+                        commit_properties=properties,
+                    )
+                elif not self._create(adds, properties):
+                    continue  # another writer created it first: read it
+            except CommitFailedError as e:  # another writer's commit landed first: read again
+                error = e
+                continue
+            except OSError as e:  # the outcome is unknown: the next attempt reads whether it landed
+                error = e
+                log.warning("Table commit %d to %s failed (%s); reading the table again", seq, self.uri, e)
+                continue
+            return True
+        raise StoreUnavailableError(
+            f"table commit {seq} of writer {self.writer_id} to {self.uri} did not land in {MAX_ATTEMPTS} attempts: "
+            f"{error}; a retry reads which commits landed and goes on from there"
+        )
+
+    def _open(self) -> Any:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+
+    def _create(self, adds: list[Any], properties: Any) -> bool:
+        """Create the table with the first commit; False if another writer created it first."""
+        from deltalake import Schema
+        from deltalake.exceptions import DeltaError
+        from deltalake.transaction import create_table_with_add_actions
+
+        try:
+            create_table_with_add_actions(
+                self.uri,
+                Schema.from_arrow(self.schema),
+                adds,
+                mode="error",
+                partition_by=self.partition_by,
+                storage_options=self.storage_options or None,
+                commit_properties=properties,
+            )
+        except DeltaError:
+            if self._open() is None:
+                raise
+            return False
+        return True
+
+    def _check_schema(self, table: Any) -> None:
+        from deltalake import Schema
+
+        if table.schema() == Schema.from_arrow(self.schema):
+            return
+        found = {f.name: str(f.type) for f in pa.schema(table.schema().to_arrow())}
+        expected = {f.name: str(f.type) for f in self.schema}
+        differ = [n for n in dict.fromkeys([*expected, *found]) if expected.get(n) != found.get(n)]
+        raise OutputSchemaError(
+            f"the Delta table {self.uri} has columns that differ from this output's: "
+            + ", ".join(f"{n} (table: {found.get(n, 'missing')}, output: {expected.get(n, 'missing')})" for n in differ)
+        )
+
+
+def _applied(table: Any, writer_id: str) -> int:
+    version = table.transaction_version(writer_id)
+    return -1 if version is None else int(version)
+
+
+def _add_action(file: DataFile, partition: Mapping[str, str]) -> Any:
+    from deltalake.transaction import AddAction
+
+    return AddAction(
+        path=file.path,
+        size=file.size,
+        partition_values=dict(partition),
+        modification_time=int(time.time() * 1000),
+        data_change=True,
+        stats=json.dumps({"numRecords": file.rows}),
+    )
