@@ -19,7 +19,7 @@ DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 # Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
 TODAY := $(shell date -u +%F)
 
-.PHONY: demo demo-llm test test-fast test-compat gpu-check lint docs bench soak daft-env clean
+.PHONY: demo demo-llm test test-fast test-compat oldest-env gpu-check lint docs bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -86,6 +86,8 @@ $(OLDEST_VENV)/.installed: pyproject.toml constraints/$(OLDEST).txt
 	$(OLDEST_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints/$(OLDEST).txt \
 		$(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) -e ".[dev]"
 	touch $@
+
+oldest-env: $(OLDEST_VENV)/.installed
 
 test-compat: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/python -m pytest $(COMPAT_TESTS) $(PYTEST_ARGS)
