@@ -1,0 +1,167 @@
+"""Apache Iceberg table commits, each applied exactly once (``pyiceberg``, any catalog it supports).
+
+The same contract as :class:`.delta.DeltaTableWriter`: a writer adds files already written under
+the table's location in commits numbered 0, 1, 2... Iceberg has no transaction id, so each
+snapshot a writer makes carries its id and number in the snapshot summary, and the writer's
+applied number is the highest one among the current snapshot's ancestors. It is read before
+every attempt: a commit whose reply was lost, or a resumed run, finds its number applied.
+
+A catalog commit is a compare-and-swap of the table's metadata location: a writer that loses a
+race (``CommitFailedException``) or whose replacement conflicts with another writer's files of the
+same partition (``ValidationException``) reads the table again and goes on. A partition's
+replacement deletes its rows and adds the new files in one transaction: one catalog commit, so
+readers of the current snapshot see the old rows or the new, never both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, StoreUnavailableError
+from airflow_provider_raybatch.pipeline.tables.delta import MAX_ATTEMPTS, RANGES_KEY, SEQ_KEY, WRITER_KEY, DataFile
+
+log = logging.getLogger(__name__)
+
+
+class IcebergTableWriter:
+    """One writer's commits to an Iceberg table with identity partitions on ``partition_by``.
+
+    :param catalog: a pyiceberg catalog (e.g. ``SqlCatalog``).
+    :param identifier: the table's identifier (``namespace.table``); the namespace and the table
+        are created on the first commit if missing.
+    :param location: where the writer's files are (``file://``, ``s3://``...): the commits' file
+        paths are relative to it, and a table created here gets it as its location.
+    :param schema: the table's schema, partition columns included.
+    :param partition_by: the partition columns; each data file holds one value of each (Iceberg
+        reads a file's partition from its column statistics).
+    :param writer_id: as for :class:`.delta.DeltaTableWriter`.
+    """
+
+    def __init__(
+        self,
+        catalog: Any,
+        identifier: str,
+        location: str,
+        schema: pa.Schema,
+        partition_by: Sequence[str],
+        writer_id: str,
+    ):
+        self.catalog, self.identifier, self.location, self.schema = catalog, identifier, location.rstrip("/"), schema
+        self.partition_by, self.writer_id = list(partition_by), writer_id
+
+    def applied(self) -> int:
+        """The highest commit number of this writer in the table's current history; -1 for none."""
+        table = self._load()
+        return -1 if table is None else self._applied(table)
+
+    def commit(
+        self,
+        seq: int,
+        files: Sequence[DataFile],
+        partition: dict[str, str],
+        ranges: Sequence[str],
+        *,
+        replace_partition: bool = False,
+    ) -> bool:
+        """As :meth:`.delta.DeltaTableWriter.commit`; ``files`` are relative to ``location``."""
+        from pyiceberg.exceptions import CommitFailedException, ValidationException
+        from pyiceberg.expressions import And, EqualTo
+
+        properties = {WRITER_KEY: self.writer_id, SEQ_KEY: str(seq), RANGES_KEY: json.dumps(list(ranges))}
+        error: BaseException | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
+            try:
+                table = self._load() or self._create()
+                if self._applied(table) >= seq:
+                    return False
+                self._check_schema(table)
+                with table.transaction() as tx:
+                    if replace_partition:
+                        conditions = [EqualTo(k, v) for k, v in partition.items()]
+                        tx.delete(
+                            conditions[0] if len(conditions) == 1 else And(*conditions), snapshot_properties=properties
+                        )
+                    if files:
+                        tx.add_files([f"{self.location}/{f.path}" for f in files], snapshot_properties=properties)
+            except (CommitFailedException, ValidationException) as e:  # another writer's commit came first
+                error = e
+                continue
+            except OSError as e:  # the outcome is unknown: the next attempt reads whether it landed
+                error = e
+                log.warning("Table commit %d to %s failed (%s); reading the table again", seq, self.identifier, e)
+                continue
+            return True
+        raise StoreUnavailableError(
+            f"table commit {seq} of writer {self.writer_id} to {self.identifier} did not land in {MAX_ATTEMPTS} "
+            f"attempts: {error}; a retry reads which commits landed and goes on from there"
+        )
+
+    def _applied(self, table: Any) -> int:
+        snapshot, applied = table.current_snapshot(), -1
+        while snapshot is not None:
+            summary = snapshot.summary
+            if summary is not None and summary.get(WRITER_KEY) == self.writer_id:
+                applied = max(applied, int(summary[SEQ_KEY]))
+            snapshot = (
+                None if snapshot.parent_snapshot_id is None else table.snapshot_by_id(snapshot.parent_snapshot_id)
+            )
+        return applied
+
+    def _load(self) -> Any:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
+    def _create(self) -> Any:
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+
+        namespace = self.identifier.rsplit(".", 1)[0]
+        with contextlib.suppress(NamespaceAlreadyExistsError):
+            self.catalog.create_namespace(namespace)
+        try:
+            # The table and its partition spec in one catalog commit: no writer sees it unpartitioned.
+            with (
+                self.catalog.create_table_transaction(
+                    self.identifier, schema=self.schema, location=self.location
+                ) as tx,
+                tx.update_spec() as spec,
+            ):
+                for column in self.partition_by:
+                    spec.add_identity(column)
+        except TableAlreadyExistsError:  # another writer created it first
+            pass
+        return self.catalog.load_table(self.identifier)
+
+    def _check_schema(self, table: Any) -> None:
+        found = {f.name: _type_name(f.type) for f in table.schema().as_arrow()}
+        expected = {f.name: _type_name(f.type) for f in self.schema}
+        differ = [n for n in dict.fromkeys([*expected, *found]) if expected.get(n) != found.get(n)]
+        if differ:
+            raise OutputSchemaError(
+                f"the Iceberg table {self.identifier} has columns that differ from this output's: "
+                + ", ".join(
+                    f"{n} (table: {found.get(n, 'missing')}, output: {expected.get(n, 'missing')})" for n in differ
+                )
+            )
+
+
+def _type_name(t: pa.DataType) -> str:
+    """Arrow types as Iceberg keeps them: Iceberg has one string and one binary type."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    return str(t)

@@ -1,0 +1,181 @@
+"""Table commits applied exactly once, the same contract for Delta and Iceberg: real delta-rs
+tables and real pyiceberg tables (a SQL catalog on SQLite) on local disk, real concurrent processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
+from airflow_provider_raybatch.pipeline.tables.delta import RANGES_KEY, DataFile, DeltaTableWriter
+from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter
+
+SCHEMA = pa.schema([("id", pa.int64()), ("score", pa.float32()), ("ds", pa.string())])
+REPO = Path(__file__).resolve().parents[3]
+IDENTIFIER = "predictions.scores"
+
+
+def write_file(root: Path, ds: str, ids: list[int], name: str) -> DataFile:
+    """A data file as the pipeline leaves it: under the table's root, the partition column in it."""
+    path = f"ds={ds}/{name}.parquet"
+    table = pa.table({"id": ids, "score": pa.array([i / 2 for i in ids], pa.float32()), "ds": [ds] * len(ids)})
+    (root / f"ds={ds}").mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, root / path)
+    return DataFile(path, (root / path).stat().st_size, len(ids))
+
+
+def catalog(root: Path):
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    return SqlCatalog("raybatch", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
+
+
+def writer(fmt: str, root: Path, writer_id: str, schema: pa.Schema = SCHEMA):
+    if fmt == "delta":
+        pytest.importorskip("deltalake")
+        return DeltaTableWriter(str(root), schema, ["ds"], writer_id)
+    pytest.importorskip("pyiceberg")
+    return IcebergTableWriter(catalog(root), IDENTIFIER, f"file://{root}", schema, ["ds"], writer_id)
+
+
+def snapshot(fmt: str, root: Path, version: int | None = None) -> pa.Table:
+    """The table's rows as a reader of its snapshot sees them (through its log or metadata, not the folder)."""
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(root), version=version).to_pyarrow_table()
+    return catalog(root).load_table(IDENTIFIER).scan(snapshot_id=version).to_arrow()
+
+
+def current_version(fmt: str, root: Path) -> int:
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(str(root)).version()
+    return catalog(root).load_table(IDENTIFIER).current_snapshot().snapshot_id
+
+
+def commits_ranges(fmt: str, root: Path) -> list[list[str]]:
+    """The ranges named by the writers' commits, newest first."""
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        return [json.loads(h[RANGES_KEY]) for h in DeltaTable(str(root)).history() if RANGES_KEY in h]
+    snapshots = catalog(root).load_table(IDENTIFIER).snapshots()
+    return [json.loads(s.summary[RANGES_KEY]) for s in reversed(snapshots) if s.summary and RANGES_KEY in s.summary]
+
+
+def rows(fmt: str, root: Path, version: int | None = None) -> dict[str, list[int]]:
+    """The table's ids by date."""
+    table = snapshot(fmt, root, version)
+    out: dict[str, list[int]] = {}
+    for ds, i in zip(table.column("ds").to_pylist(), table.column("id").to_pylist(), strict=True):
+        out.setdefault(ds, []).append(i)
+    return {ds: sorted(ids) for ds, ids in sorted(out.items())}
+
+
+@pytest.fixture(params=["delta", "iceberg"])
+def fmt(request) -> str:
+    return request.param
+
+
+def test_the_first_commit_creates_the_table_and_each_commit_is_applied_once(fmt, tmp_path):
+    w = writer(fmt, tmp_path, "out-24")
+    assert w.applied() == -1
+    first = write_file(tmp_path, "2026-11-24", [0, 1, 2], "part-r0")
+    second = write_file(tmp_path, "2026-11-24", [3, 4], "part-r1")
+    assert w.commit(0, [first], {"ds": "2026-11-24"}, ["r0"]) is True
+    assert w.commit(1, [second], {"ds": "2026-11-24"}, ["r1"]) is True
+    # A retried or resumed writer applies its commits again: the table keeps each once.
+    assert w.commit(1, [second], {"ds": "2026-11-24"}, ["r1"]) is False
+    assert w.commit(0, [first], {"ds": "2026-11-24"}, ["r0"]) is False
+    assert rows(fmt, tmp_path) == {"2026-11-24": [0, 1, 2, 3, 4]}
+    assert w.applied() == 1
+    assert commits_ranges(fmt, tmp_path) == [["r1"], ["r0"]]
+
+
+def test_a_commit_whose_reply_was_lost_is_found_applied_and_not_repeated(fmt, tmp_path, monkeypatch):
+    w = writer(fmt, tmp_path, "out-24")
+    w.commit(0, [write_file(tmp_path, "2026-11-24", [0, 1], "part-r0")], {"ds": "2026-11-24"}, ["r0"])
+    if fmt == "delta":
+        from deltalake import DeltaTable as committing
+    else:
+        from pyiceberg.table import Transaction as committing
+    method = "create_write_transaction" if fmt == "delta" else "commit_transaction"
+    applied = getattr(committing, method)
+    failures = []
+
+    def applied_then_lost(self, *args, **kwargs):
+        applied(self, *args, **kwargs)
+        failures.append(1)
+        raise OSError("Connection reset by peer")  # the store applied the commit; its answer never came
+
+    monkeypatch.setattr(committing, method, applied_then_lost)
+    second = write_file(tmp_path, "2026-11-24", [2, 3], "part-r1")
+    assert w.commit(1, [second], {"ds": "2026-11-24"}, ["r1"]) is False  # read again: it had landed
+    assert failures == [1]
+    assert rows(fmt, tmp_path) == {"2026-11-24": [0, 1, 2, 3]}
+
+
+def test_replacing_a_date_swaps_its_rows_in_one_commit_and_leaves_other_dates(fmt, tmp_path):
+    old = writer(fmt, tmp_path, "run-1/2026-11-24")
+    old.commit(0, [write_file(tmp_path, "2026-11-24", [0, 1, 2], "part-old")], {"ds": "2026-11-24"}, ["r0"])
+    writer(fmt, tmp_path, "run-1/2026-11-23").commit(
+        0, [write_file(tmp_path, "2026-11-23", [9], "part-other")], {"ds": "2026-11-23"}, ["r0"]
+    )
+    before = current_version(fmt, tmp_path)
+
+    rerun = writer(fmt, tmp_path, "run-2/2026-11-24")
+    new = write_file(tmp_path, "2026-11-24", [10, 11], "part-new")
+    assert rerun.commit(0, [new], {"ds": "2026-11-24"}, ["r0"], replace_partition=True)
+    assert rows(fmt, tmp_path) == {"2026-11-23": [9], "2026-11-24": [10, 11]}
+    # The snapshot before the replacement holds the old rows, none of the new (readers never see a mix).
+    assert rows(fmt, tmp_path, before) == {"2026-11-23": [9], "2026-11-24": [0, 1, 2]}
+
+
+def test_a_table_with_other_columns_is_refused_naming_them(fmt, tmp_path):
+    writer(fmt, tmp_path, "a").commit(
+        0, [write_file(tmp_path, "2026-11-24", [0], "part-a")], {"ds": "2026-11-24"}, ["r0"]
+    )
+    other = pa.schema([("id", pa.int64()), ("score", pa.float64()), ("ds", pa.string())])
+    w = writer(fmt, tmp_path, "b", other)
+    with pytest.raises(OutputSchemaError, match=r"score \(table: float, output: double\)"):
+        w.commit(0, [], {"ds": "2026-11-25"}, ["r0"])
+
+
+# A writer in a process of its own: commits 0..n-1 of one date, the first replacing the date.
+WRITER = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[5])
+from tests.pipeline.tables.test_table_writers import writer, write_file
+fmt, root, ds, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+w = writer(fmt, root, "writer-" + ds)
+for seq in range(n):
+    f = write_file(root, ds, [seq * 10 + i for i in range(3)], f"part-{seq}")
+    w.commit(seq, [f], {"ds": ds}, [f"r{seq}"], replace_partition=seq == 0)
+"""
+
+
+def test_writers_of_different_dates_committing_at_once_all_land_once(fmt, tmp_path):
+    """A backfill: one writer per date, at once, the first table commit creating the table. Commits
+    race (delta-rs fails every commit that read the table before another's replacement, whatever
+    the partition; an Iceberg catalog swaps one metadata file at a time): each loser reads again
+    and commits after, and nothing is lost or doubled."""
+    writer(fmt, tmp_path, "probe")  # skips the test without the format's library
+    dates = ["2026-11-20", "2026-11-21", "2026-11-22"]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, fmt, str(tmp_path), ds, "8", str(REPO)], stderr=subprocess.PIPE)
+        for ds in dates
+    ]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read().decode()
+    expected = sorted(seq * 10 + i for seq in range(8) for i in range(3))
+    assert rows(fmt, tmp_path) == {ds: expected for ds in dates}
+    assert all(writer(fmt, tmp_path, f"writer-{ds}").applied() == 7 for ds in dates)
