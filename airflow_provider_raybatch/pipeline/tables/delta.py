@@ -187,6 +187,31 @@ class DeltaTableWriter:
         )
 
 
+def delta_storage_options(url: str, options: Mapping[str, Any]) -> dict[str, str]:
+    """delta-rs's options for ``url`` from the fsspec options the provider builds for its stores
+    (an Airflow connection's credentials, an endpoint).
+
+    delta-rs commits to S3 with conditional PUTs (``If-None-Match``): two writers can never both
+    create one version of the log, with no locking service.
+    """
+    if not url.startswith(("s3://", "s3a://")):
+        if options:
+            raise ValueError(f"storage options for {url.split('://')[0]}:// tables are not supported yet")
+        return {}
+    client = options.get("client_kwargs") or {}
+    mapped = {
+        "AWS_ACCESS_KEY_ID": options.get("key"),
+        "AWS_SECRET_ACCESS_KEY": options.get("secret"),
+        "AWS_SESSION_TOKEN": options.get("token"),
+        "AWS_ENDPOINT_URL": client.get("endpoint_url") or options.get("endpoint_url"),
+        "AWS_REGION": client.get("region_name"),
+    }
+    out = {k: str(v) for k, v in mapped.items() if v}
+    if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        out["AWS_ALLOW_HTTP"] = "true"
+    return out
+
+
 def _applied(table: Any, writer_id: str) -> int:
     version = table.transaction_version(writer_id)
     return -1 if version is None else int(version)

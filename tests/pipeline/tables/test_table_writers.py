@@ -6,14 +6,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
-from airflow_provider_raybatch.pipeline.tables.delta import RANGES_KEY, DataFile, DeltaTableWriter
+from airflow_provider_raybatch.pipeline.tables.delta import (
+    RANGES_KEY,
+    DataFile,
+    DeltaTableWriter,
+    delta_storage_options,
+)
 from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter
 
 SCHEMA = pa.schema([("id", pa.int64()), ("score", pa.float32()), ("ds", pa.string())])
@@ -21,13 +28,16 @@ REPO = Path(__file__).resolve().parents[3]
 IDENTIFIER = "predictions.scores"
 
 
-def write_file(root: Path, ds: str, ids: list[int], name: str) -> DataFile:
-    """A data file as the pipeline leaves it: under the table's root, the partition column in it."""
+def write_file(root: Path | str, ds: str, ids: list[int], name: str, options: dict | None = None) -> DataFile:
+    """A data file as the pipeline leaves it: under the table's root (a folder or an s3:// URL, with
+    fsspec ``options``), the partition column in it."""
+    fs, base = fsspec.core.url_to_fs(str(root), **(options or {}))
     path = f"ds={ds}/{name}.parquet"
     table = pa.table({"id": ids, "score": pa.array([i / 2 for i in ids], pa.float32()), "ds": [ds] * len(ids)})
-    (root / f"ds={ds}").mkdir(parents=True, exist_ok=True)
-    pq.write_table(table, root / path)
-    return DataFile(path, (root / path).stat().st_size, len(ids))
+    fs.makedirs(f"{base}/ds={ds}", exist_ok=True)
+    with fs.open(f"{base}/{path}", "wb") as f:
+        pq.write_table(table, f)
+    return DataFile(path, fs.size(f"{base}/{path}"), len(ids))
 
 
 def catalog(root: Path):
@@ -36,20 +46,21 @@ def catalog(root: Path):
     return SqlCatalog("raybatch", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
 
 
-def writer(fmt: str, root: Path, writer_id: str, schema: pa.Schema = SCHEMA):
+def writer(fmt: str, root: Path | str, writer_id: str, schema: pa.Schema = SCHEMA, options: dict | None = None):
     if fmt == "delta":
         pytest.importorskip("deltalake")
-        return DeltaTableWriter(str(root), schema, ["ds"], writer_id)
+        return DeltaTableWriter(str(root), schema, ["ds"], writer_id, delta_storage_options(str(root), options or {}))
     pytest.importorskip("pyiceberg")
     return IcebergTableWriter(catalog(root), IDENTIFIER, f"file://{root}", schema, ["ds"], writer_id)
 
 
-def snapshot(fmt: str, root: Path, version: int | None = None) -> pa.Table:
+def snapshot(fmt: str, root: Path | str, version: int | None = None, options: dict | None = None) -> pa.Table:
     """The table's rows as a reader of its snapshot sees them (through its log or metadata, not the folder)."""
     if fmt == "delta":
         from deltalake import DeltaTable
 
-        return DeltaTable(str(root), version=version).to_pyarrow_table()
+        storage = delta_storage_options(str(root), options or {}) or None
+        return DeltaTable(str(root), version=version, storage_options=storage).to_pyarrow_table()
     return catalog(root).load_table(IDENTIFIER).scan(snapshot_id=version).to_arrow()
 
 
@@ -71,9 +82,9 @@ def commits_ranges(fmt: str, root: Path) -> list[list[str]]:
     return [json.loads(s.summary[RANGES_KEY]) for s in reversed(snapshots) if s.summary and RANGES_KEY in s.summary]
 
 
-def rows(fmt: str, root: Path, version: int | None = None) -> dict[str, list[int]]:
+def rows(fmt: str, root: Path | str, version: int | None = None, options: dict | None = None) -> dict[str, list[int]]:
     """The table's ids by date."""
-    table = snapshot(fmt, root, version)
+    table = snapshot(fmt, root, version, options)
     out: dict[str, list[int]] = {}
     for ds, i in zip(table.column("ds").to_pylist(), table.column("id").to_pylist(), strict=True):
         out.setdefault(ds, []).append(i)
@@ -151,31 +162,51 @@ def test_a_table_with_other_columns_is_refused_naming_them(fmt, tmp_path):
 
 # A writer in a process of its own: commits 0..n-1 of one date, the first replacing the date.
 WRITER = """
-import sys
+import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[5])
 from tests.pipeline.tables.test_table_writers import writer, write_file
-fmt, root, ds, n = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-w = writer(fmt, root, "writer-" + ds)
+fmt, root, ds, n, options = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), json.loads(sys.argv[6])
+root = root if "://" in root else Path(root)
+w = writer(fmt, root, "writer-" + ds, options=options)
 for seq in range(n):
-    f = write_file(root, ds, [seq * 10 + i for i in range(3)], f"part-{seq}")
+    f = write_file(root, ds, [seq * 10 + i for i in range(3)], f"part-{seq}", options)
     w.commit(seq, [f], {"ds": ds}, [f"r{seq}"], replace_partition=seq == 0)
 """
 
 
-def test_writers_of_different_dates_committing_at_once_all_land_once(fmt, tmp_path):
-    """A backfill: one writer per date, at once, the first table commit creating the table. Commits
-    race (delta-rs fails every commit that read the table before another's replacement, whatever
-    the partition; an Iceberg catalog swaps one metadata file at a time): each loser reads again
-    and commits after, and nothing is lost or doubled."""
-    writer(fmt, tmp_path, "probe")  # skips the test without the format's library
+def race(fmt: str, root: Path | str, options: dict | None = None) -> None:
+    """Three writers, one per date, at once, the first table commit creating the table."""
     dates = ["2026-11-20", "2026-11-21", "2026-11-22"]
     procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER, fmt, str(tmp_path), ds, "8", str(REPO)], stderr=subprocess.PIPE)
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, fmt, str(root), ds, "8", str(REPO), json.dumps(options or {})],
+            stderr=subprocess.PIPE,
+        )
         for ds in dates
     ]
     for p in procs:
         assert p.wait(timeout=300) == 0, p.stderr.read().decode()
     expected = sorted(seq * 10 + i for seq in range(8) for i in range(3))
-    assert rows(fmt, tmp_path) == {ds: expected for ds in dates}
-    assert all(writer(fmt, tmp_path, f"writer-{ds}").applied() == 7 for ds in dates)
+    assert rows(fmt, root, options=options) == {ds: expected for ds in dates}
+    assert all(writer(fmt, root, f"writer-{ds}", options=options).applied() == 7 for ds in dates)
+
+
+def test_writers_of_different_dates_committing_at_once_all_land_once(fmt, tmp_path):
+    """A backfill. Commits race (delta-rs fails every commit that read the table before another's
+    replacement, whatever the partition; an Iceberg catalog swaps one metadata file at a time):
+    each loser reads again and commits after, and nothing is lost or doubled."""
+    writer(fmt, tmp_path, "probe")  # skips the test without the format's library
+    race(fmt, tmp_path)
+
+
+def test_a_delta_table_on_s3_commits_once_and_racing_writers_all_land(s3_server):
+    """On an object store, through the options built from the provider's store settings: delta-rs
+    creates each log version with a conditional PUT, so two writers never both win one."""
+    root = f"s3://raybatch-test/tables-{uuid.uuid4().hex[:8]}"
+    w = writer("delta", f"{root}/scores", "out-24", options=s3_server)
+    first = write_file(f"{root}/scores", "2026-11-24", [0, 1, 2], "part-r0", s3_server)
+    assert w.commit(0, [first], {"ds": "2026-11-24"}, ["r0"]) is True
+    assert w.commit(0, [first], {"ds": "2026-11-24"}, ["r0"]) is False
+    assert rows("delta", f"{root}/scores", options=s3_server) == {"2026-11-24": [0, 1, 2]}
+    race("delta", f"{root}/raced", s3_server)
