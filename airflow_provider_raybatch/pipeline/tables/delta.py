@@ -19,38 +19,14 @@ replacement removes its old files and adds the new ones in one commit.
 from __future__ import annotations
 
 import json
-import logging
-import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, StoreUnavailableError
-
-log = logging.getLogger(__name__)
-
-#: Attempts at one table commit that conflicts with other writers' commits (each re-reads the table).
-MAX_ATTEMPTS = 20
-#: Metadata keys of the provider's table commits (in ``DeltaTable.history()``).
-WRITER_KEY, SEQ_KEY, RANGES_KEY = "raybatch.writer", "raybatch.seq", "raybatch.ranges"
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """A Parquet file already written under the table's root.
-
-    :param path: relative to the table's root, with ``/``.
-    :param size: bytes.
-    :param rows: its row count (Delta's statistics need it: a file without them breaks later
-        replacements of its partition).
-    """
-
-    path: str
-    size: int
-    rows: int
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
+from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile, apply_once, commit_metadata
 
 
 class DeltaTableWriter:
@@ -106,41 +82,28 @@ class DeltaTableWriter:
             raise ValueError(f"partition {dict(partition)} does not name the table's columns {self.partition_by}")
         properties = CommitProperties(
             app_transactions=[Transaction(self.writer_id, seq)],
-            custom_metadata={WRITER_KEY: self.writer_id, SEQ_KEY: str(seq), RANGES_KEY: json.dumps(list(ranges))},
+            custom_metadata=commit_metadata(self.writer_id, seq, ranges),
         )
         adds = [_add_action(f, partition) for f in files]
-        error: BaseException | None = None
-        for attempt in range(MAX_ATTEMPTS):
-            if attempt:
-                time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
-            try:
-                table = self._open()
-                if table is not None:
-                    if _applied(table, self.writer_id) >= seq:
-                        return False
-                    self._check_schema(table)
-                    table.create_write_transaction(
-                        adds,
-                        mode="overwrite" if replace_partition else "append",
-                        schema=self.schema,
-                        partition_by=self.partition_by,
-                        partition_filters=[(k, "=", v) for k, v in partition.items()] if replace_partition else None,
-                        commit_properties=properties,
-                    )
-                elif not self._create(adds, properties):
-                    continue  # another writer created it first: read it
-            except CommitFailedError as e:  # another writer's commit landed first: read again
-                error = e
-                continue
-            except OSError as e:  # the outcome is unknown: the next attempt reads whether it landed
-                error = e
-                log.warning("Table commit %d to %s failed (%s); reading the table again", seq, self.uri, e)
-                continue
+
+        def attempt() -> bool | None:
+            table = self._open()
+            if table is None:
+                return True if self._create(adds, properties) else None  # None: another writer created it
+            if _applied(table, self.writer_id) >= seq:
+                return False
+            self._check_schema(table)
+            table.create_write_transaction(
+                adds,
+                mode="overwrite" if replace_partition else "append",
+                schema=self.schema,
+                partition_by=self.partition_by,
+                partition_filters=[(k, "=", v) for k, v in partition.items()] if replace_partition else None,
+                commit_properties=properties,
+            )
             return True
-        raise StoreUnavailableError(
-            f"table commit {seq} of writer {self.writer_id} to {self.uri} did not land in {MAX_ATTEMPTS} attempts: "
-            f"{error}; a retry reads which commits landed and goes on from there"
-        )
+
+        return apply_once(attempt, (CommitFailedError,), f"table commit {seq} of writer {self.writer_id} to {self.uri}")
 
     def _open(self) -> Any:
         from deltalake import DeltaTable

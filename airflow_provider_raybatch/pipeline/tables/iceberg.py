@@ -16,19 +16,19 @@ readers of the current snapshot see the old rows or the new, never both.
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
-import random
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, StoreUnavailableError
-from airflow_provider_raybatch.pipeline.tables.delta import MAX_ATTEMPTS, RANGES_KEY, SEQ_KEY, WRITER_KEY, DataFile
-
-log = logging.getLogger(__name__)
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
+from airflow_provider_raybatch.pipeline.tables.writer_commits import (
+    SEQ_KEY,
+    WRITER_KEY,
+    DataFile,
+    apply_once,
+    commit_metadata,
+)
 
 
 class IcebergTableWriter:
@@ -75,36 +75,24 @@ class IcebergTableWriter:
         from pyiceberg.exceptions import CommitFailedException, ValidationException
         from pyiceberg.expressions import And, EqualTo
 
-        properties = {WRITER_KEY: self.writer_id, SEQ_KEY: str(seq), RANGES_KEY: json.dumps(list(ranges))}
-        error: BaseException | None = None
-        for attempt in range(MAX_ATTEMPTS):
-            if attempt:
-                time.sleep(min(2.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.0))
-            try:
-                table = self._load() or self._create()
-                if self._applied(table) >= seq:
-                    return False
-                self._check_schema(table)
-                with table.transaction() as tx:
-                    if replace_partition:
-                        conditions = [EqualTo(k, v) for k, v in partition.items()]
-                        tx.delete(
-                            conditions[0] if len(conditions) == 1 else And(*conditions), snapshot_properties=properties
-                        )
-                    if files:
-                        tx.add_files([f"{self.location}/{f.path}" for f in files], snapshot_properties=properties)
-            except (CommitFailedException, ValidationException) as e:  # another writer's commit came first
-                error = e
-                continue
-            except OSError as e:  # the outcome is unknown: the next attempt reads whether it landed
-                error = e
-                log.warning("Table commit %d to %s failed (%s); reading the table again", seq, self.identifier, e)
-                continue
+        properties = commit_metadata(self.writer_id, seq, ranges)
+
+        def attempt() -> bool:
+            table = self._load() or self._create()
+            if self._applied(table) >= seq:
+                return False
+            self._check_schema(table)
+            with table.transaction() as tx:
+                if replace_partition:
+                    conditions = [EqualTo(k, v) for k, v in partition.items()]
+                    where = conditions[0] if len(conditions) == 1 else And(*conditions)
+                    tx.delete(where, snapshot_properties=properties)
+                if files:
+                    tx.add_files([f"{self.location}/{f.path}" for f in files], snapshot_properties=properties)
             return True
-        raise StoreUnavailableError(
-            f"table commit {seq} of writer {self.writer_id} to {self.identifier} did not land in {MAX_ATTEMPTS} "
-            f"attempts: {error}; a retry reads which commits landed and goes on from there"
-        )
+
+        conflicts = (CommitFailedException, ValidationException)
+        return apply_once(attempt, conflicts, f"table commit {seq} of writer {self.writer_id} to {self.identifier}")
 
     def _applied(self, table: Any) -> int:
         snapshot, applied = table.current_snapshot(), -1

@@ -15,13 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
-from airflow_provider_raybatch.pipeline.tables.delta import (
-    RANGES_KEY,
-    DataFile,
-    DeltaTableWriter,
-    delta_storage_options,
-)
+from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter, delta_storage_options
 from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter
+from airflow_provider_raybatch.pipeline.tables.writer_commits import RANGES_KEY, DataFile
 
 SCHEMA = pa.schema([("id", pa.int64()), ("score", pa.float32()), ("ds", pa.string())])
 REPO = Path(__file__).resolve().parents[3]

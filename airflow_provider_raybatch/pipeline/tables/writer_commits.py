@@ -1,0 +1,71 @@
+"""What the table writers share: the files a commit adds, the metadata naming a writer's commit,
+and the attempts that apply it once."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from airflow_provider_raybatch.pipeline.errors import StoreUnavailableError
+
+log = logging.getLogger(__name__)
+
+#: Attempts at one table commit that conflicts with other writers' commits (each reads the table again).
+MAX_ATTEMPTS = 20
+#: Metadata keys of the provider's table commits (Delta's commit info, Iceberg's snapshot summary).
+WRITER_KEY, SEQ_KEY, RANGES_KEY = "raybatch.writer", "raybatch.seq", "raybatch.ranges"
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A Parquet file already written under the table's root.
+
+    :param path: relative to the table's root, with ``/``.
+    :param size: bytes.
+    :param rows: its row count (Delta's statistics need it: a file without them breaks later
+        replacements of its partition).
+    """
+
+    path: str
+    size: int
+    rows: int
+
+
+def commit_metadata(writer_id: str, seq: int, ranges: Sequence[str]) -> dict[str, str]:
+    """The metadata of a writer's commit ``seq``: who made it, its number, the ranges it adds."""
+    return {WRITER_KEY: writer_id, SEQ_KEY: str(seq), RANGES_KEY: json.dumps(list(ranges))}
+
+
+def apply_once(attempt: Callable[[], bool | None], conflicts: tuple[type[BaseException], ...], what: str) -> bool:
+    """Call ``attempt`` until it applies the commit (True) or finds it applied (False).
+
+    Each attempt reads the table first, so a conflict with another writer's commit (``conflicts``)
+    or an error whose outcome is unknown (``OSError``: the commit may have landed) is resolved by
+    the next one. ``attempt`` returns None to be called again at once (it lost a creation race).
+
+    :raises StoreUnavailableError: after :data:`MAX_ATTEMPTS` (retryable: the next try reads
+        which commits landed before it writes anything).
+    """
+    error: BaseException | None = None
+    for n in range(MAX_ATTEMPTS):
+        if n and error is not None:
+            time.sleep(min(2.0, 0.05 * 2**n) * random.uniform(0.5, 1.0))
+        try:
+            result = attempt()
+        except conflicts as e:
+            error = e
+            continue
+        except OSError as e:
+            error = e
+            log.warning("%s failed (%s); reading the table again", what, e)
+            continue
+        if result is not None:
+            return result
+        error = None
+    raise StoreUnavailableError(
+        f"{what} did not land in {MAX_ATTEMPTS} attempts: {error}; a retry reads which commits landed and goes on"
+    )
