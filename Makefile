@@ -72,7 +72,7 @@ test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 # code, then a Ray cluster whose release is not the Airflow worker's, both ways: the oldest venv's Airflow
 # side with a cluster of the newest Ray (the hook's and trigger's tests, and the operator's run, reattach,
 # resubmit, stop and deferral), and this venv's with a cluster of the oldest Ray (all the operator's cluster
-# tests: the cluster runs the provider's job code on its own Ray). About 17 minutes on 2 quiet cores.
+# tests: the cluster runs the provider's job code on its own Ray). 16 minutes on 2 quiet cores (2026-11-25).
 OLDEST := airflow-3.1.8-ray-2.55.1
 OLDEST_VENV := .venv-oldest
 COMPAT_TESTS := tests/test_provider.py tests/hooks/test_jobs_client.py tests/runners tests/operators/test_batch_inference.py \
