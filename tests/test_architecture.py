@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -20,13 +21,11 @@ def parse(path: Path) -> ast.Module:
     """``ast.parse``, tried again on CPython 3.11's spurious "AST constructor recursion depth
     mismatch" SystemError (python/cpython#106905), seen when another thread of the test session
     builds an AST at the same moment."""
-    for attempt in range(3):
-        try:
-            return ast.parse(path.read_text())
-        except SystemError:
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    text = path.read_text()
+    for _ in range(2):
+        with contextlib.suppress(SystemError):
+            return ast.parse(text)
+    return ast.parse(text)
 
 
 def imports(path: Path, modules: set[str]) -> set[str]:

@@ -25,8 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
-from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile, apply_once, commit_metadata
+from airflow_provider_raybatch.pipeline.tables.writer_commits import (
+    DataFile,
+    apply_once,
+    columns_error,
+    commit_metadata,
+)
 
 
 class DeltaTableWriter:
@@ -139,15 +143,9 @@ class DeltaTableWriter:
     def _check_schema(self, table: Any) -> None:
         from deltalake import Schema
 
-        if table.schema() == Schema.from_arrow(self.schema):
-            return
-        found = {f.name: str(f.type) for f in pa.schema(table.schema().to_arrow())}
-        expected = {f.name: str(f.type) for f in self.schema}
-        differ = [n for n in dict.fromkeys([*expected, *found]) if expected.get(n) != found.get(n)]
-        raise OutputSchemaError(
-            f"the Delta table {self.uri} has columns that differ from this output's: "
-            + ", ".join(f"{n} (table: {found.get(n, 'missing')}, output: {expected.get(n, 'missing')})" for n in differ)
-        )
+        if table.schema() != Schema.from_arrow(self.schema):
+            found = {f.name: str(f.type) for f in pa.schema(table.schema().to_arrow())}
+            raise columns_error(f"Delta table {self.uri}", found, {f.name: str(f.type) for f in self.schema})
 
 
 def delta_storage_options(url: str, options: Mapping[str, Any]) -> dict[str, str]:

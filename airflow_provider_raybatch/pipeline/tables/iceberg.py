@@ -21,12 +21,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
 from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     SEQ_KEY,
     WRITER_KEY,
     DataFile,
     apply_once,
+    columns_error,
     commit_metadata,
 )
 
@@ -95,15 +95,14 @@ class IcebergTableWriter:
         return apply_once(attempt, conflicts, f"table commit {seq} of writer {self.writer_id} to {self.identifier}")
 
     def _applied(self, table: Any) -> int:
-        snapshot, applied = table.current_snapshot(), -1
-        while snapshot is not None:
-            summary = snapshot.summary
-            if summary is not None and summary.get(WRITER_KEY) == self.writer_id:
-                applied = max(applied, int(summary[SEQ_KEY]))
-            snapshot = (
-                None if snapshot.parent_snapshot_id is None else table.snapshot_by_id(snapshot.parent_snapshot_id)
-            )
-        return applied
+        from pyiceberg.table.snapshots import ancestors_of
+
+        mine = [
+            int(s.summary[SEQ_KEY])
+            for s in ancestors_of(table.current_snapshot(), table.metadata)
+            if s.summary is not None and s.summary.get(WRITER_KEY) == self.writer_id
+        ]
+        return max(mine, default=-1)
 
     def _load(self) -> Any:
         from pyiceberg.exceptions import NoSuchTableError
@@ -136,14 +135,8 @@ class IcebergTableWriter:
     def _check_schema(self, table: Any) -> None:
         found = {f.name: _type_name(f.type) for f in table.schema().as_arrow()}
         expected = {f.name: _type_name(f.type) for f in self.schema}
-        differ = [n for n in dict.fromkeys([*expected, *found]) if expected.get(n) != found.get(n)]
-        if differ:
-            raise OutputSchemaError(
-                f"the Iceberg table {self.identifier} has columns that differ from this output's: "
-                + ", ".join(
-                    f"{n} (table: {found.get(n, 'missing')}, output: {expected.get(n, 'missing')})" for n in differ
-                )
-            )
+        if found != expected:
+            raise columns_error(f"Iceberg table {self.identifier}", found, expected)
 
 
 def _type_name(t: pa.DataType) -> str:

@@ -7,10 +7,10 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from airflow_provider_raybatch.pipeline.errors import StoreUnavailableError
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, StoreUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,13 @@ class DataFile:
 def commit_metadata(writer_id: str, seq: int, ranges: Sequence[str]) -> dict[str, str]:
     """The metadata of a writer's commit ``seq``: who made it, its number, the ranges it adds."""
     return {WRITER_KEY: writer_id, SEQ_KEY: str(seq), RANGES_KEY: json.dumps(list(ranges))}
+
+
+def columns_error(table: str, found: Mapping[str, str], expected: Mapping[str, str]) -> OutputSchemaError:
+    """The error for a table whose columns (name: type) are not the output's, naming those that differ."""
+    differ = [n for n in dict.fromkeys([*expected, *found]) if expected.get(n) != found.get(n)]
+    named = ", ".join(f"{n} (table: {found.get(n, 'missing')}, output: {expected.get(n, 'missing')})" for n in differ)
+    return OutputSchemaError(f"the {table} has columns that differ from this output's: {named or 'in nullability'}")
 
 
 def apply_once(attempt: Callable[[], bool | None], conflicts: tuple[type[BaseException], ...], what: str) -> bool:
