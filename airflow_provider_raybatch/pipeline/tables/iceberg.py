@@ -15,7 +15,6 @@ readers of the current snapshot see the old rows or the new, never both.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,11 +112,15 @@ class IcebergTableWriter:
             return None
 
     def _create(self) -> Any:
-        from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
-
+        # Writers of several dates create them at once: a creation that fails is fine when the
+        # namespace or table exists now (the SQL catalog reports a namespace created meanwhile as
+        # a database IntegrityError, not as NamespaceAlreadyExistsError).
         namespace = self.identifier.rsplit(".", 1)[0]
-        with contextlib.suppress(NamespaceAlreadyExistsError):
+        try:
             self.catalog.create_namespace(namespace)
+        except Exception:
+            if not self.catalog.namespace_exists(namespace):
+                raise
         try:
             # The table and its partition spec in one catalog commit: no writer sees it unpartitioned.
             with (
@@ -128,8 +131,9 @@ class IcebergTableWriter:
             ):
                 for column in self.partition_by:
                     spec.add_identity(column)
-        except TableAlreadyExistsError:  # another writer created it first
-            pass
+        except Exception:
+            if not self.catalog.table_exists(self.identifier):
+                raise
         return self.catalog.load_table(self.identifier)
 
     def _check_schema(self, table: Any) -> None:
