@@ -25,6 +25,10 @@ DEFAULT_LEASE_TIMEOUT_S = 120.0
 DEFAULT_PROGRESS_TIMEOUT_S = 3600.0
 BATCH_FORMATS = ("numpy", "pandas", "pyarrow")
 MODES = ("resume", "overwrite")
+#: What an output can be: a folder of Parquet files, or a table of one of the lakehouse formats.
+OUTPUT_FORMATS = ("parquet", "delta", "iceberg")
+#: Seconds between a table output's commits while a run appends (see :class:`TableOutput`).
+DEFAULT_TABLE_COMMIT_INTERVAL_S = 60.0
 
 
 @dataclass
@@ -134,6 +138,57 @@ class TransformStage(Stage):
 
 
 @dataclass
+class TableOutput:
+    """An output that is a Delta Lake or Apache Iceberg table (see :mod:`~airflow_provider_raybatch.pipeline.tables`).
+
+    The run's rows are staged as a Parquet output of their own under the table's location, then
+    join the table in table commits that each add whole ranges, exactly once.
+
+    :param format: ``"delta"`` or ``"iceberg"``.
+    :param partition: the table's partition this run writes, column -> value (``{"ds": "2026-11-24"}``):
+        every row written gets the column; ``mode="overwrite"`` replaces exactly this partition.
+    :param writer: names the task writing (e.g. ``"<dag id>.<task id>"``): with ``partition`` it
+        identifies the writer's commits in the table, across tries and runs.
+    :param identifier: the Iceberg table (``namespace.table``).
+    :param catalog: the Iceberg catalog's pyiceberg properties (``type``, ``uri``, ``warehouse``...);
+        never logged or sent in a job spec (it may hold a password).
+    :param commit_interval: seconds between table commits while a run appends (``mode="resume"``);
+        each adds every range committed since the last. An overwrite makes one commit at its end.
+    """
+
+    format: Literal["delta", "iceberg"]
+    partition: dict[str, str]
+    writer: str
+    identifier: str | None = None
+    catalog: dict[str, Any] = field(default_factory=dict, repr=False)
+    commit_interval: float = DEFAULT_TABLE_COMMIT_INTERVAL_S
+
+    def validate(self) -> None:
+        if self.format not in OUTPUT_FORMATS[1:]:
+            raise ConfigError(f"output_format must be one of {OUTPUT_FORMATS}, got {self.format!r}")
+        if not isinstance(self.partition, dict) or not self.partition:
+            raise ConfigError(
+                f"a {self.format} output needs its partition (e.g. {{'ds': '2026-11-24'}}), got {self.partition!r}"
+            )
+        for column, value in self.partition.items():
+            if not _is_column_list([column]) or not isinstance(value, str) or not value or "/" in value:
+                raise ConfigError(
+                    f"partition {column!r}={value!r}: the partition column must be a name and its value a "
+                    "non-empty string without '/' (e.g. '{{ ds }}')"
+                )
+        if not self.writer:
+            raise ConfigError("a table output needs the name of its writer")
+        if self.format == "iceberg" and (not self.identifier or "." not in self.identifier):
+            raise ConfigError(f"an iceberg output needs table='namespace.table', got {self.identifier!r}")
+        if not _is_seconds(self.commit_interval):
+            raise ConfigError(f"commit_interval must be a number of seconds > 0, got {self.commit_interval!r}")
+
+    def to_spec(self) -> dict[str, Any]:
+        """As :meth:`BatchInferenceConfig.to_spec`: without the catalog's properties."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "catalog"}
+
+
+@dataclass
 class BatchInferenceConfig:
     """A batch inference run: Parquet in, one or more stages, Parquet out, checkpointed by range.
 
@@ -161,6 +216,8 @@ class BatchInferenceConfig:
     :param try_number: the Airflow try running it, named in the output's writer lease.
     :param lease_timeout: seconds without a heartbeat after which the output's writer lease of a
         silent writer may be taken over (see :mod:`~airflow_provider_raybatch.pipeline.commit.lease`).
+    :param table: the Delta or Iceberg table the output is (``output_path`` is then the table's
+        root, or location); None: a Parquet folder.
     :param progress_timeout: seconds in which the pipeline must commit a range or deliver a batch;
         past it the run fails with the retryable :class:`NoProgressError` naming the stage that
         holds the unfinished batches (see :mod:`~airflow_provider_raybatch.pipeline.execution.watchdog`).
@@ -183,6 +240,7 @@ class BatchInferenceConfig:
     try_number: int | None = None
     lease_timeout: float = DEFAULT_LEASE_TIMEOUT_S
     progress_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT_S
+    table: TableOutput | None = None
 
     def validate(self) -> None:
         if not self.input_path:
@@ -218,17 +276,27 @@ class BatchInferenceConfig:
             missing = [c for c in self.keep_columns if c not in self.columns]
             if missing:
                 raise ConfigError(f"keep_columns {missing} are not among columns {self.columns}")
+        if self.table is not None:
+            self.table.validate()
+            if self.range_ids is not None:
+                raise ConfigError(
+                    f"{self.table.format} outputs do not take mapped partitions yet: each task writes its own "
+                    "table partition (e.g. one per date)"
+                )
 
     def to_spec(self) -> dict[str, Any]:
         """A JSON-serialisable form without ``storage_options``: credentials never travel with it."""
         spec = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "storage_options"}
         spec["stages"] = [stage.to_spec() for stage in self.stages]
+        spec["table"] = None if self.table is None else self.table.to_spec()
         return spec
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], storage_options: dict[str, Any] | None = None) -> BatchInferenceConfig:
         spec = dict(spec)
         spec["stages"] = [Stage.from_spec(stage) for stage in spec["stages"]]
+        if spec.get("table") is not None:
+            spec["table"] = TableOutput(**spec["table"])
         return cls(**spec, storage_options=storage_options or {})
 
     def job_signature(self) -> dict[str, Any]:

@@ -8,10 +8,11 @@ files of uncommitted ranges removed.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import posixpath
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsspec import AbstractFileSystem
 
@@ -32,6 +33,9 @@ from airflow_provider_raybatch.pipeline.planning.planner import (
 )
 from airflow_provider_raybatch.pipeline.store.files import resolve
 
+if TYPE_CHECKING:
+    from airflow_provider_raybatch.pipeline.tables.staging import Generation
+
 log = logging.getLogger(__name__)
 
 #: Segments found at the start of a whole-output run above which they are folded into the manifest
@@ -50,6 +54,7 @@ class PreparedRun:
     :param in_fs: the input's filesystem.
     :param lease: this writer's lease on the output (or on the partition's ranges), held until
         :meth:`release`; every commit and removal of ``ledger`` checks it first.
+    :param generation: a table output's generation, whose staging output ``ledger`` keeps.
     """
 
     plan: Plan
@@ -58,6 +63,7 @@ class PreparedRun:
     keep: list[str]
     in_fs: AbstractFileSystem
     lease: Lease
+    generation: Generation | None = None
 
     def release(self) -> None:
         """Fold this writer's commit records together (:meth:`OutputLedger.finish`), then give the lease back.
@@ -100,15 +106,25 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
             f"stage {config.stages[0].display_name!r} reads column(s) {missing}, which the input does not have; "
             f"columns read: {plan.schema.names}"
         )
-    ledger = OutputLedger(out_fs, out_path, config.output_path)
-    ledger.set_scope(config.range_ids)
-    # Read-only checks first: a folder that is not ours, or an output of a newer layout, is refused
-    # before the lease writes anything into it.
-    if ledger.load_plan() is None:
-        _refuse_foreign(config, ledger)
-    lease = _take_lease(config, ledger, LeaseHolder(config.run_key, config.try_number, ray_job))
+    holder = LeaseHolder(config.run_key, config.try_number, ray_job)
+    generation = None
+    if config.table is None:
+        ledger = OutputLedger(out_fs, out_path, config.output_path)
+        ledger.set_scope(config.range_ids)
+        # Read-only checks first: a folder that is not ours, or an output of a newer layout, is refused
+        # before the lease writes anything into it.
+        if ledger.load_plan() is None:
+            _refuse_foreign(config, ledger)
+        lease = _take_lease(config, ledger, holder)
+    else:
+        _check_partition_columns(config, keep)
+        ledger, lease, generation = _open_staging(config, out_fs, out_path, holder)
     try:
-        if config.range_ids is None:
+        if generation is not None:
+            # mode applies to the generation (:func:`.tables.staging.open_generation`): within one, a
+            # run resumes. Resetting it could delete files that the table's commits name.
+            committed = _open_output(dataclasses.replace(config, mode="resume"), plan, ledger)
+        elif config.range_ids is None:
             committed = _open_output(config, plan, ledger)
         else:
             committed = _open_partition(config, plan, ledger)
@@ -116,7 +132,40 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
     except BaseException:
         lease.release()
         raise
-    return PreparedRun(plan, ledger, committed, keep, in_fs, lease)
+    return PreparedRun(plan, ledger, committed, keep, in_fs, lease, generation)
+
+
+def _open_staging(
+    config: BatchInferenceConfig, fs: AbstractFileSystem, root: str, holder: LeaseHolder
+) -> tuple[OutputLedger, Lease, Generation]:
+    """A table output: the writer's lease on its partition, and the ledger of the generation it writes."""
+    from airflow_provider_raybatch.pipeline.tables.staging import lease_folder, open_generation
+
+    table = config.table
+    assert table is not None
+    what = f"{table.format} table {config.output_path}, partition {table.partition}, writer {table.writer!r}"
+    lease = Lease(fs, lease_folder(root, table), what, holder, config.lease_timeout)
+    lease.acquire()
+    try:
+        generation = open_generation(fs, root, table, config.mode, config.run_key)
+    except BaseException:
+        lease.release()
+        raise
+    ledger = OutputLedger(fs, f"{root}/{generation.relpath}", f"{config.output_path.rstrip('/')}/{generation.relpath}")
+    ledger.fence = lease.check
+    return ledger, lease, generation
+
+
+def _check_partition_columns(config: BatchInferenceConfig, keep: list[str]) -> None:
+    """The table's partition columns are added to every row: no input column kept may have their names."""
+    assert config.table is not None
+    clash = [c for c in config.table.partition if c in keep]
+    if clash:
+        raise ConfigError(
+            f"input column(s) {clash} would be written to table {config.output_path!r}, whose partition column "
+            f"{'they are' if len(clash) > 1 else 'it is'} (set to {config.table.partition}): leave "
+            f"{'them' if len(clash) > 1 else 'it'} out of keep_columns"
+        )
 
 
 def _take_lease(config: BatchInferenceConfig, ledger: OutputLedger, holder: LeaseHolder) -> Lease:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 from fsspec import AbstractFileSystem
 
@@ -37,6 +38,9 @@ from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
 from airflow_provider_raybatch.pipeline.resources import READ_CPUS, wait_for_cluster_resources
 from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_workers, ray_session
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
+
+if TYPE_CHECKING:
+    from airflow_provider_raybatch.pipeline.tables.table_commits import TableCommits
 
 log = logging.getLogger(__name__)
 
@@ -62,63 +66,82 @@ def run_batch_inference(
     """
     started = time.monotonic()
     run = prepare(config, ray_job=ray_job)
+    table_version = None
     try:
-        progress = _process(config, run, ray_address, namespace)
+        progress, table = _process(config, run, ray_address, namespace)
         run.ledger.clear_tmp()  # every range is recorded: the write steps' receipts have served
+        # Errors over the limit fail the run before a replacing table commit makes its rows current.
+        progress.check_errors(config.max_error_fraction, run.ledger.display_path, final=True)
+        if table is not None:
+            table.commit(final=True)
+            table_version = table.version()
     finally:
         run.release()
-    progress.check_errors(config.max_error_fraction, config.output_path, final=True)
-    return progress.summary(config.output_path, time.monotonic() - started)
+    return progress.summary(config.output_path, time.monotonic() - started, table_version)
 
 
 def _process(
     config: BatchInferenceConfig, run: PreparedRun, ray_address: str | None, namespace: str | None
-) -> Progress:
-    """Commit every pending range of ``run``: empty ones at once, the others through Ray Data."""
+) -> tuple[Progress, TableCommits | None]:
+    """Commit every pending range of ``run``; a table output's ranges join the table as they go."""
+    progress = Progress(run.plan, run.committed)
+    commits = RangeCommits(run.ledger, run.plan, progress, config, run.committed)
+    table = None
+    if run.generation is not None:
+        from airflow_provider_raybatch.pipeline.tables.table_commits import TableCommits
+
+        table = TableCommits(run.ledger, config, run.generation, commits.recorded)
+        table.catch_up()  # commits that an earlier try decided and may not have applied
+    with commits, table or nullcontext():
+        _commit_pending(config, run, commits, ray_address, namespace)
+    return progress, table
+
+
+def _commit_pending(
+    config: BatchInferenceConfig,
+    run: PreparedRun,
+    commits: RangeCommits,
+    ray_address: str | None,
+    namespace: str | None,
+) -> None:
+    """Commit the ranges of ``run`` not committed yet: empty ones at once, the others through Ray Data."""
     plan = run.plan
-    progress = Progress(plan, run.committed)
-    with RangeCommits(run.ledger, plan, progress, config) as commits:
-        pending = [i for i, r in enumerate(plan.ranges) if r.id not in run.committed]
-        for index in [i for i in pending if plan.ranges[i].rows == 0]:
-            commits.commit_empty(index, run.keep)
-        commits.flush()
-        pending = [i for i in pending if plan.ranges[i].rows > 0]
-        if not pending:
-            return progress
-        log.info(
-            "%d of %d ranges to process (%d rows); %d already committed",
-            len(pending),
-            len(plan.ranges),
-            sum(plan.ranges[i].rows for i in pending),
-            len(run.committed),
+    pending = [i for i, r in enumerate(plan.ranges) if r.id not in run.committed]
+    for index in [i for i in pending if plan.ranges[i].rows == 0]:
+        commits.commit_empty(index, run.keep)
+    commits.flush()
+    pending = [i for i in pending if plan.ranges[i].rows > 0]
+    if not pending:
+        return
+    log.info(
+        "%d of %d ranges to process (%d rows); %d already committed",
+        len(pending),
+        len(plan.ranges),
+        sum(plan.ranges[i].rows for i in pending),
+        len(run.committed),
+    )
+    with ray_session(ray_address, namespace, preload=warm_imports(config.stages)) as shared:
+        # Transforms are built on the driver before anything is scheduled; a factory checks what it
+        # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
+        transforms = {i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)}
+        last = len(config.stages) - 1
+        reads_in_stage = 0 not in transforms and config.stages[0].cpus_only
+        writes_in_stage = last not in transforms and config.stages[last].cpus_only
+        need, resources = wait_for_cluster_resources(
+            [(s.display_name, s) for s in config.stages], read_cpus=0 if reads_in_stage else READ_CPUS
         )
-        with ray_session(ray_address, namespace, preload=warm_imports(config.stages)) as shared:
-            # Transforms are built on the driver before anything is scheduled; a factory checks what it
-            # needs first (the vLLM one: vllm importable here, GPUs in the cluster).
-            transforms = {
-                i: resolve_predictor(s)(s) for i, s in enumerate(config.stages) if isinstance(s, TransformStage)
-            }
-            last = len(config.stages) - 1
-            reads_in_stage = 0 not in transforms and config.stages[0].cpus_only
-            writes_in_stage = last not in transforms and config.stages[last].cpus_only
-            need, resources = wait_for_cluster_resources(
-                [(s.display_name, s) for s in config.stages], read_cpus=0 if reads_in_stage else READ_CPUS
-            )
+        if shared is not None:
+            shared.take_share(need, resources, config.progress_timeout)
+        # The worker processes the first rows need; transforms (ray.data.llm) start their own.
+        replicas = sum(s.min_replicas for i, s in enumerate(config.stages) if i not in transforms)
+        workers = replicas + (not reads_in_stage) + (not writes_in_stage)
+        if ray_address is None:
+            prestart_workers(workers - (shared.take_warm(workers) if shared is not None else 0))
+        try:
+            _stream(config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage, writes_in_stage)
+        finally:
             if shared is not None:
-                shared.take_share(need, resources, config.progress_timeout)
-            # The worker processes the first rows need; transforms (ray.data.llm) start their own.
-            replicas = sum(s.min_replicas for i, s in enumerate(config.stages) if i not in transforms)
-            workers = replicas + (not reads_in_stage) + (not writes_in_stage)
-            if ray_address is None:
-                prestart_workers(workers - (shared.take_warm(workers) if shared is not None else 0))
-            try:
-                _stream(
-                    config, plan, commits, pending, run.keep, run.in_fs, transforms, reads_in_stage, writes_in_stage
-                )
-            finally:
-                if shared is not None:
-                    shared.leave_warm(workers, resources.get("CPU", 0), prestart_workers)
-    return progress
+                shared.leave_warm(workers, resources.get("CPU", 0), prestart_workers)
 
 
 def _stream(

@@ -31,6 +31,8 @@ class RunSummary:
     :param seconds: the run's duration.
     :param partitions: how many partition summaries were combined (None for one run).
     :param ray_submission_id: the Ray Job that ran it, on a cluster.
+    :param table_version: a table output's version after the run: Delta's table version, or
+        Iceberg's current snapshot id.
     """
 
     output_path: str
@@ -45,6 +47,7 @@ class RunSummary:
     seconds: float = 0.0
     partitions: int | None = None
     ray_submission_id: str | None = None
+    table_version: int | None = None
 
     @property
     def rows_per_second(self) -> float:
@@ -142,7 +145,7 @@ class Progress:
                 "errors: fix the cause and rerun with mode='overwrite'."
             )
 
-    def summary(self, output_path: str, seconds: float) -> RunSummary:
+    def summary(self, output_path: str, seconds: float, table_version: int | None = None) -> RunSummary:
         return RunSummary(
             output_path=output_path,
             rows_in=self.plan.total_rows,
@@ -154,4 +157,5 @@ class Progress:
             ranges_done=self.done,
             ranges_skipped=self.skipped,
             seconds=seconds,
+            table_version=table_version,
         )

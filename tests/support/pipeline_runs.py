@@ -46,8 +46,11 @@ RUN_SCRIPT = """
 import json, logging, sys
 logging.basicConfig(level=logging.INFO)
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.config import TableOutput
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 extra = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
+if extra.get("table"):
+    extra["table"] = TableOutput(**extra["table"])
 cfg = BatchInferenceConfig(sys.argv[1], sys.argv[2], [Stage(sys.argv[3], json.loads(sys.argv[4]), batch_size=100)],
                            id_column="id", rows_per_range=100, **extra)
 print("SUMMARY " + json.dumps(run_batch_inference(cfg).to_dict()))
@@ -75,7 +78,7 @@ def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True, **config
         "-c",
         RUN_SCRIPT,
         str(tmp_path / "in"),
-        str(tmp_path / "out"),
+        config_kwargs.pop("output_path", str(tmp_path / "out")),
         predictor,
         json.dumps(kwargs),
         json.dumps(config_kwargs),

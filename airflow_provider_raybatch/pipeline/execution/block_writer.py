@@ -31,7 +31,7 @@ from fsspec import AbstractFileSystem
 from airflow_provider_raybatch.pipeline.columns import ENGINE_ERROR, INTERNAL_PREFIX, KEEP_PREFIX, RANGE_COLUMN
 from airflow_provider_raybatch.pipeline.commit.ledger import tmp_name
 from airflow_provider_raybatch.pipeline.config import Stage
-from airflow_provider_raybatch.pipeline.errors import RayBatchError, StageError
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, RayBatchError, StageError
 from airflow_provider_raybatch.pipeline.execution.stages import (
     StageWorker,
     output_columns,
@@ -83,6 +83,7 @@ def write_block(
     stage: str,
     id_column: str | None,
     key_type: pa.DataType | None,
+    partition: dict[str, str] | None = None,
 ) -> pa.Table:
     """Write ``block``'s rows to one file per range (and one of its rejects); return their metadata.
 
@@ -94,6 +95,8 @@ def write_block(
     :param stage: the last stage's name (named in errors).
     :param id_column: the row key column, None when the pipeline derives row ids.
     :param key_type: the input's type of ``id_column``.
+    :param partition: columns with one value for every row, added to the output's (a table's
+        partition, e.g. ``{"ds": "2026-11-24"}``: Iceberg reads a file's partition from its columns).
     """
     if block.num_rows and RANGE_COLUMN not in block.column_names:
         raise StageError(
@@ -104,7 +107,7 @@ def write_block(
     rows: list[dict[str, Any]] = []
     for index, piece in split_by_range(block) if block.num_rows else ():
         accepted, rejected = split_rejected(piece)
-        output = output_columns(accepted)
+        output = with_partition(output_columns(accepted), partition, stage)
         rejects = rejects_table(rejected) if rejected.num_rows else None
         problem = None
         if id_column is not None:
@@ -149,6 +152,18 @@ def write_block(
         receipt = f"{folder}/block-{block_id}{RECEIPT_SUFFIX}"
         retry_transient(lambda: _leave_receipt(fs, receipt, metadata), f"writing {receipt}")
     return metadata
+
+
+def with_partition(table: pa.Table, partition: dict[str, str] | None, stage: str) -> pa.Table:
+    """``table`` with the partition's columns appended (each holding its value on every row)."""
+    for column, value in (partition or {}).items():
+        if column in table.column_names:
+            raise OutputSchemaError(
+                f"stage {stage!r} returned a column {column!r}, which is the output table's partition column: "
+                "rename it (the partition column is added to every row)"
+            )
+        table = table.append_column(pa.field(column, pa.string()), pa.array([value] * table.num_rows, pa.string()))
+    return table
 
 
 def _write_file(fs: AbstractFileSystem, path: str, table: pa.Table) -> int:

@@ -78,8 +78,17 @@ class RangeCommits:
     still pending are written on the way out.
     """
 
-    def __init__(self, ledger: OutputLedger, plan: Plan, progress: Progress, config: BatchInferenceConfig):
+    def __init__(
+        self,
+        ledger: OutputLedger,
+        plan: Plan,
+        progress: Progress,
+        config: BatchInferenceConfig,
+        committed: dict[str, dict[str, Any]] | None = None,
+    ):
         self.ledger, self.plan, self.progress, self.config = ledger, plan, progress, config
+        #: The ranges recorded (range id -> commit record): ``committed`` before the run, and those since.
+        self._records: dict[str, dict[str, Any]] = dict(committed or {})
         self.interval = record_interval()
         #: Published ranges waiting for their record: (plan index, record), oldest first.
         self.pending: list[tuple[int, dict[str, Any]]] = []
@@ -107,6 +116,7 @@ class RangeCommits:
             "stage": self.stage,
             "id_column": id_column,
             "key_type": None if id_column is None else self.plan.schema.field(id_column).type,
+            "partition": None if self.config.table is None else self.config.table.partition,
         }
 
     def __enter__(self) -> RangeCommits:
@@ -147,13 +157,19 @@ class RangeCommits:
                 return
             batch, self.pending = self.pending, []
             self.ledger.record([record for _, record in batch])
+            self._records.update((record["range_id"], record) for _, record in batch)
             self._first_recorded = True
             for index, record in batch:
                 crash_point("committed")
                 self.progress.committed(
                     index, record["rows"], record.get("rejected", 0), record.get("engine_errors", 0)
                 )
-            self.progress.check_errors(self.config.max_error_fraction, self.config.output_path, final=False)
+            self.progress.check_errors(self.config.max_error_fraction, self.ledger.display_path, final=False)
+
+    def recorded(self) -> dict[str, dict[str, Any]]:
+        """The ranges recorded so far, range id -> commit record (a copy: for another thread)."""
+        with self._lock:
+            return dict(self._records)
 
     def _published(self, index: int, record: dict[str, Any]) -> None:
         with self._lock:
@@ -204,6 +220,8 @@ class RangeCommits:
             # An output with no rows still gets one (empty) file so that any Parquet reader opens it.
             fields = [pa.field(ROW_ID_COLUMN, pa.int64())] if self.config.id_column is None else []
             schema = pa.schema(fields + [self.plan.schema.field(c) for c in keep])
+            if self.config.table is not None:
+                schema = pa.schema([*schema, *(pa.field(c, pa.string()) for c in self.config.table.partition)])
             files.append(self.ledger.tmp_file(row_range.id))
             with self.ledger.fs.open(files[0], "wb") as f:
                 pq.write_table(schema.empty_table(), f)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -38,29 +38,38 @@ class DeltaTableWriter:
 
     :param uri: the table's root (a local path, ``s3://``, ``gs://``, ``abfs://``).
     :param schema: the table's schema, partition columns included; the table is created with it on
-        the first commit, and a table that exists must have it.
+        the first commit, and a table that exists must have it (None: commits add no files).
     :param partition_by: the partition columns (e.g. ``["ds"]``).
     :param writer_id: the application transaction id of this writer's commits: stable across the
         retries and resumptions of one output, unique per output.
     :param storage_options: delta-rs's options for the store (credentials, endpoint).
+    :param fence: called before each attempt at a commit; raises when this writer may no longer
+        commit (its output's lease was taken over).
     """
 
     def __init__(
         self,
         uri: str,
-        schema: pa.Schema,
+        schema: pa.Schema | None,
         partition_by: Sequence[str],
         writer_id: str,
         storage_options: Mapping[str, str] | None = None,
+        *,
+        fence: Callable[[], None] = lambda: None,
     ):
         self.uri, self.schema, self.partition_by = uri, schema, list(partition_by)
-        self.writer_id = writer_id
+        self.writer_id, self.fence = writer_id, fence
         self.storage_options = dict(storage_options or {})
 
     def applied(self) -> int:
         """The highest commit number of this writer in the table; -1 for none (or no table yet)."""
         table = self._open()
         return -1 if table is None else _applied(table, self.writer_id)
+
+    def version(self) -> int | None:
+        """The table's current version (None: no table yet)."""
+        table = self._open()
+        return None if table is None else int(table.version())
 
     def commit(
         self,
@@ -91,8 +100,11 @@ class DeltaTableWriter:
         adds = [_add_action(f, partition) for f in files]
 
         def attempt() -> bool | None:
+            self.fence()
             table = self._open()
             if table is None:
+                if not adds:
+                    return True  # no table, so no partition to empty
                 return True if self._create(adds, properties) else None  # None: another writer created it
             if _applied(table, self.writer_id) >= seq:
                 return False
@@ -100,7 +112,7 @@ class DeltaTableWriter:
             table.create_write_transaction(
                 adds,
                 mode="overwrite" if replace_partition else "append",
-                schema=self.schema,
+                schema=self.schema or pa.schema(table.schema().to_arrow()),
                 partition_by=self.partition_by,
                 partition_filters=[(k, "=", v) for k, v in partition.items()] if replace_partition else None,
                 commit_properties=properties,
@@ -143,7 +155,7 @@ class DeltaTableWriter:
     def _check_schema(self, table: Any) -> None:
         from deltalake import Schema
 
-        if table.schema() != Schema.from_arrow(self.schema):
+        if self.schema is not None and table.schema() != Schema.from_arrow(self.schema):
             found = {f.name: str(f.type) for f in pa.schema(table.schema().to_arrow())}
             raise columns_error(f"Delta table {self.uri}", found, {f.name: str(f.type) for f in self.schema})
 

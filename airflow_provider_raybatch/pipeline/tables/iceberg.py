@@ -15,7 +15,7 @@ readers of the current snapshot see the old rows or the new, never both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -41,7 +41,7 @@ class IcebergTableWriter:
     :param schema: the table's schema, partition columns included.
     :param partition_by: the partition columns; each data file holds one value of each (Iceberg
         reads a file's partition from its column statistics).
-    :param writer_id: as for :class:`.delta.DeltaTableWriter`.
+    :param writer_id, fence: as for :class:`.delta.DeltaTableWriter`.
     """
 
     def __init__(
@@ -49,17 +49,25 @@ class IcebergTableWriter:
         catalog: Any,
         identifier: str,
         location: str,
-        schema: pa.Schema,
+        schema: pa.Schema | None,
         partition_by: Sequence[str],
         writer_id: str,
+        *,
+        fence: Callable[[], None] = lambda: None,
     ):
         self.catalog, self.identifier, self.location, self.schema = catalog, identifier, location.rstrip("/"), schema
-        self.partition_by, self.writer_id = list(partition_by), writer_id
+        self.partition_by, self.writer_id, self.fence = list(partition_by), writer_id, fence
 
     def applied(self) -> int:
         """The highest commit number of this writer in the table's current history; -1 for none."""
         table = self._load()
         return -1 if table is None else self._applied(table)
+
+    def version(self) -> int | None:
+        """The id of the table's current snapshot (None: no table or no snapshot yet)."""
+        table = self._load()
+        snapshot = None if table is None else table.current_snapshot()
+        return None if snapshot is None else int(snapshot.snapshot_id)
 
     def commit(
         self,
@@ -77,10 +85,16 @@ class IcebergTableWriter:
         properties = commit_metadata(self.writer_id, seq, ranges)
 
         def attempt() -> bool:
-            table = self._load() or self._create()
+            self.fence()
+            table = self._load()
+            if table is None:
+                if not files:
+                    return True  # no table, so no partition to empty
+                table = self._create()
             if self._applied(table) >= seq:
                 return False
             self._check_schema(table)
+            _without_retries(table)
             with table.transaction() as tx:
                 if replace_partition:
                     conditions = [EqualTo(k, v) for k, v in partition.items()]
@@ -137,10 +151,35 @@ class IcebergTableWriter:
         return self.catalog.load_table(self.identifier)
 
     def _check_schema(self, table: Any) -> None:
+        if self.schema is None:
+            return
         found = {f.name: _type_name(f.type) for f in table.schema().as_arrow()}
         expected = {f.name: _type_name(f.type) for f in self.schema}
         if found != expected:
             raise columns_error(f"Iceberg table {self.identifier}", found, expected)
+
+
+def load_catalog(properties: Mapping[str, Any]) -> Any:
+    """The pyiceberg catalog of ``properties`` (``name`` names it; the rest are pyiceberg's
+    properties, e.g. ``type="sql"``, ``uri``, ``warehouse``, ``s3.endpoint``)."""
+    from pyiceberg.catalog import load_catalog as load
+
+    properties = {k: str(v) for k, v in properties.items()}
+    return load(properties.pop("name", "raybatch"), **properties)
+
+
+def _without_retries(table: Any) -> None:
+    """Turn off pyiceberg's own retries of a commit that lost a race, for this table object.
+
+    pyiceberg rebases a commit that lost to another writer's and sends it again without asking
+    whether its number landed meanwhile (another try of the same generation may have landed it):
+    the retry is :func:`.writer_commits.apply_once`'s, which reads the table first. Only this
+    process's copy of the metadata changes; the table's properties stay as they are.
+    """
+    from pyiceberg.table import TableProperties
+
+    properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    table.metadata = table.metadata.model_copy(update={"properties": properties})
 
 
 def _type_name(t: pa.DataType) -> str:

@@ -1,0 +1,100 @@
+"""Where a table output's rows wait before a table commit adds them, and which run writes them.
+
+Layout under the table's root (Delta) or location (Iceberg), per partition and writer::
+
+    <column>=<value>/<writer key>/_raybatch/lease/          the lease of every run of this writer on
+                                                             this partition: one at a time, fenced
+    <column>=<value>/<writer key>/_raybatch/generation.json  the generation being written
+    <column>=<value>/<writer key>/g<N>/                      generation N: a Parquet output of its own
+                                                             (part files, ``_rejects/``, ``_raybatch/``
+                                                             ledger) whose part files the table's
+                                                             commits add where they are
+    <column>=<value>/<writer key>/g<N>/_raybatch/table/<seq>.json
+                                                             its table commits (:mod:`.table_commits`)
+
+A generation is what one run (and its retries) writes for the partition. ``mode="resume"``
+continues the current one (a first run makes ``g0``, whose commits append). ``mode="overwrite"``
+from another run makes the next one, whose single commit replaces the partition at its end:
+until then the table's readers see the previous generation's rows, whose files are left where
+they are (the table's history still names them, for time travel; the table's own maintenance,
+VACUUM or orphan-file removal, deletes them once it may). The folders starting with ``_`` are
+hidden from both formats' maintenance and readers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fsspec import AbstractFileSystem
+
+from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR
+from airflow_provider_raybatch.pipeline.config import TableOutput
+from airflow_provider_raybatch.pipeline.store.files import read_json, write_json
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The staging output of one run of a writer on a partition.
+
+    :param number: N of ``g<N>``.
+    :param relpath: its folder, relative to the table's root (``ds=2026-11-24/<writer key>/g0``).
+    :param replace: its commit replaces the partition (it was started by ``mode="overwrite"``).
+    :param writer_id: the id of its commits in the table (unique per table, partition, writer and
+        generation; the same across the retries of its run).
+    """
+
+    number: int
+    relpath: str
+    replace: bool
+    writer_id: str
+
+
+def writer_folder(table: TableOutput) -> str:
+    """The writer's folder for the partition, relative to the table's root."""
+    partition = "/".join(f"{column}={value}" for column, value in table.partition.items())
+    readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", table.writer).strip("_.")[:80]
+    digest = hashlib.sha256(table.writer.encode()).hexdigest()[:8]
+    return f"{partition}/{readable}-{digest}"
+
+
+def lease_folder(root: str, table: TableOutput) -> str:
+    """The folder of the lease that every run of the writer on the partition takes."""
+    return f"{root}/{writer_folder(table)}/{META_DIR}/lease"
+
+
+def open_generation(
+    fs: AbstractFileSystem, root: str, table: TableOutput, mode: str, run_key: str | None
+) -> Generation:
+    """The generation this run writes: the current one, or (``mode="overwrite"`` from another run) a new one.
+
+    Called under the writer's lease (:func:`lease_folder`): the choice and its record are this
+    writer's alone.
+    """
+    folder = f"{root}/{writer_folder(table)}"
+    record_path = f"{folder}/{META_DIR}/generation.json"
+    fs.invalidate_cache(f"{folder}/{META_DIR}")
+    current: dict[str, Any] | None = read_json(fs, record_path) if fs.exists(record_path) else None
+    if current is not None and (mode != "overwrite" or (run_key is not None and current["run_key"] == run_key)):
+        return _generation(table, current)
+    number = 0 if current is None else current["number"] + 1
+    record = {"number": number, "run_key": run_key, "replace": mode == "overwrite"}
+    if current is not None:
+        log.info(
+            "mode='overwrite': the rows of generation %d of %s stay in the table until generation %d replaces them",
+            current["number"],
+            writer_folder(table),
+            number,
+        )
+    write_json(fs, record_path, record)
+    return _generation(table, record)
+
+
+def _generation(table: TableOutput, record: dict[str, Any]) -> Generation:
+    relpath = f"{writer_folder(table)}/g{record['number']}"
+    return Generation(record["number"], relpath, bool(record["replace"]), relpath)

@@ -1,0 +1,222 @@
+"""A generation's table commits: ranges committed to its ledger join the table, each exactly once.
+
+A table commit is decided before it is applied. Commit ``seq`` of a generation is first written
+as an intent, ``_raybatch/table/<seq>.json`` in the generation's folder (created only if absent:
+of two writers deciding the same number, one wins and both apply the winner's), naming its
+ranges and their files; then it is applied (:meth:`.delta.DeltaTableWriter.commit`,
+:meth:`.iceberg.IcebergTableWriter.commit`), which finds it in the table when it landed already.
+A run starts by applying the intents it finds, in order, so a commit whose try crashed (or whose
+reply was lost) is completed with the same files under the same number, never made twice.
+
+Intent ``seq + 1`` is decided only once commit ``seq`` is in the table, so commits land in
+order and "the writer's highest number in the table is at least ``seq``" means ``seq`` landed.
+Only ranges recorded in the ledger (durable, their files in place) enter an intent, and a range
+enters one intent at most.
+
+Cadence: a run that appends (``mode="resume"``) commits every ``commit_interval`` seconds
+(default a minute) whatever was recorded since the last, and once at its end. A minute keeps a
+day's run to a few hundred commits at most, however small its ranges (the table's log and
+metadata grow with each commit), and readers see the day grow by whole ranges. A generation
+that replaces its partition (``mode="overwrite"``) commits once, at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
+from airflow_provider_raybatch.pipeline.commit.ledger import REJECTS_DIR, OutputLedger
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TableOutput
+from airflow_provider_raybatch.pipeline.store.files import create_file, ls, read_json
+from airflow_provider_raybatch.pipeline.tables.staging import Generation
+from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
+
+log = logging.getLogger(__name__)
+
+Records = dict[str, dict[str, Any]]
+
+
+class TableCommits:
+    """Makes and applies a generation's table commits.
+
+    Use it as a context manager around the stream of a run that appends: a thread then commits
+    every ``commit_interval`` seconds what ``recorded()`` returns.
+
+    :param ledger: the generation's ledger (fenced by the writer's lease).
+    :param config: the run's settings (``config.table`` is set).
+    :param generation: the generation.
+    :param recorded: the ranges recorded in the ledger so far (range id -> commit record).
+    """
+
+    def __init__(
+        self,
+        ledger: OutputLedger,
+        config: BatchInferenceConfig,
+        generation: Generation,
+        recorded: Callable[[], Records],
+    ):
+        assert config.table is not None
+        self.ledger, self.config, self.table, self.generation = ledger, config, config.table, generation
+        self.recorded = recorded
+        self.folder = f"{ledger.meta}/table"
+        self.intents: list[dict[str, Any]] = []
+        self._writer: Any = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    def catch_up(self) -> None:
+        """Apply the intents that earlier tries left, in order (each is skipped if it landed)."""
+        with self._lock:
+            self._load_intents()
+            for intent in self.intents:
+                self._apply(intent)
+
+    def commit(self, *, final: bool = False) -> None:
+        """Commit the recorded ranges that no intent holds yet (a replacing generation: only when ``final``)."""
+        with self._lock:
+            if self._failure is not None:
+                failure, self._failure = self._failure, None
+                raise failure
+            if self.generation.replace and not final:
+                return
+            records = self.recorded()
+            while True:
+                held = {range_id for intent in self.intents for range_id in intent["ranges"]}
+                new = {range_id: r for range_id, r in records.items() if range_id not in held}
+                with_files = {range_id: r for range_id, r in new.items() if _data_files(r)}
+                # A replacing generation commits once even without rows: the partition is then emptied.
+                if not with_files and not (self.generation.replace and not self.intents):
+                    return
+                intent = {
+                    "seq": len(self.intents),
+                    "ranges": sorted(new),
+                    "files": [f.__dict__ for f in self._data_files(with_files)],
+                    "replace": self.generation.replace,
+                }
+                self.ledger.fence()
+                path = f"{self.folder}/{intent['seq']:08d}.json"
+                if not create_file(self.ledger.fs, path, json.dumps(intent, sort_keys=True).encode()):
+                    # Another try of this generation decided this number first: apply its commit, then go on.
+                    intent = read_json(self.ledger.fs, path)
+                crash_point("table_intent")
+                self.intents.append(intent)
+                self._apply(intent)
+
+    def version(self) -> int | None:
+        """The table's version (Delta) or current snapshot id (Iceberg) once this writer committed."""
+        return None if self._writer is None else self._writer.version()
+
+    def __enter__(self) -> TableCommits:
+        if not self.generation.replace:
+            self._thread = threading.Thread(target=self._commit_when_due, name="raybatch-table", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _commit_when_due(self) -> None:
+        while not self._stop.wait(self.table.commit_interval):
+            try:
+                self.commit()
+            except BaseException as e:  # noqa: BLE001 - raised on the driver's thread by the next commit()
+                self._failure = e
+                return
+
+    def _load_intents(self) -> None:
+        self.ledger.fs.invalidate_cache(self.folder)
+        paths = sorted(p for p in ls(self.ledger.fs, self.folder) if p.endswith(".json"))
+        self.intents = [read_json(self.ledger.fs, p) for p in paths]
+        for n, intent in enumerate(self.intents):
+            if intent["seq"] != n:
+                raise RuntimeError(f"table commit intents of {self.ledger.display_path} are not numbered 0..n: {paths}")
+
+    def _apply(self, intent: dict[str, Any]) -> None:
+        writer = self._open_writer()
+        files = [DataFile(**f) for f in intent["files"]]
+        applied = writer.commit(
+            intent["seq"], files, self.table.partition, intent["ranges"], replace_partition=intent["replace"]
+        )
+        crash_point("table_commit")
+        rows = sum(f.rows for f in files)
+        verb = "replaced the partition with" if intent["replace"] else "added"
+        log.info(
+            "Table commit %d of %s %s %d range(s), %d row(s)%s",
+            intent["seq"],
+            self.generation.writer_id,
+            verb,
+            len(intent["ranges"]),
+            rows,
+            "" if applied else " (found in the table: it had landed before)",
+        )
+
+    def _data_files(self, records: Records) -> list[DataFile]:
+        """The records' data files, relative to the table's root, with their sizes and row counts."""
+        fs, root = self.ledger.fs, self.ledger.root
+        fs.invalidate_cache(root)
+        sizes = {posixpath.basename(e["name"]): int(e["size"]) for e in fs.ls(root, detail=True)}
+        out = []
+        for record in records.values():
+            names = _data_files(record)
+            for name in names:
+                if len(names) == 1:
+                    rows = int(record["rows"])
+                else:  # a range that arrived in several blocks: its count is per range
+                    with fs.open(f"{root}/{name}", "rb") as f:
+                        rows = pq.ParquetFile(f).metadata.num_rows
+                out.append(DataFile(f"{self.generation.relpath}/{name}", sizes[name], rows))
+        return out
+
+    def _open_writer(self) -> Any:
+        if self._writer is None:
+            self._writer = open_table_writer(
+                self.config, self.table, self.generation, self.ledger.recorded_schema("output"), self.ledger.fence
+            )
+        return self._writer
+
+
+def _data_files(record: dict[str, Any]) -> list[str]:
+    """A commit record's data files (its rejects stay in the staging folder)."""
+    return [name for name in record["files"] if not name.startswith(f"{REJECTS_DIR}/")]
+
+
+def open_table_writer(
+    config: BatchInferenceConfig,
+    table: TableOutput,
+    generation: Generation,
+    schema: pa.Schema | None,
+    fence: Callable[[], None],
+) -> Any:
+    """The :class:`.delta.DeltaTableWriter` or :class:`.iceberg.IcebergTableWriter` of a generation."""
+    partition_by = list(table.partition)
+    if table.format == "delta":
+        from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter, delta_storage_options
+
+        options = delta_storage_options(config.output_path, config.storage_options)
+        return DeltaTableWriter(config.output_path, schema, partition_by, generation.writer_id, options, fence=fence)
+    from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter, load_catalog
+
+    # pyiceberg names local files by URL: the table's files are found however the path was given.
+    location = config.output_path if "://" in config.output_path else f"file://{os.path.abspath(config.output_path)}"
+    return IcebergTableWriter(
+        load_catalog(table.catalog),
+        table.identifier,
+        location,
+        schema,
+        partition_by,
+        generation.writer_id,
+        fence=fence,
+    )

@@ -1,0 +1,212 @@
+"""Runs whose output is a Delta or Iceberg table: real runs on a local Ray, real tables (delta-rs;
+pyiceberg with a SQL catalog on SQLite), read back by DuckDB from the files of the table's current
+snapshot; crashes are real SIGKILLs of a run in a process of its own."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import time
+
+import pytest
+
+from airflow_provider_raybatch.pipeline.errors import ConfigError, LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from tests.support.data import assert_exactly_once, write_input
+from tests.support.pipeline_runs import RECORD_EACH_RANGE, kill_leftovers, run_in_subprocess
+from tests.support.tables import FORMATS, read_table, snapshot_files, table_config, table_spec
+
+pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.parametrize("fmt", FORMATS)]
+
+DS, OTHER_DS = "2026-11-24", "2026-11-23"
+
+
+@pytest.fixture(autouse=True)
+def _formats(fmt):
+    pytest.importorskip("deltalake" if fmt == "delta" else "pyiceberg")
+    pytest.importorskip("duckdb")
+
+
+def intents(tmp_path, ds=DS) -> list[dict]:
+    """The table commits decided for date ``ds`` (every generation), oldest first."""
+    paths = sorted((tmp_path / "table" / f"ds={ds}").glob("*/g*/_raybatch/table/*.json"))
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def test_a_run_adds_each_row_once_and_a_rerun_adds_nothing(tmp_path, fmt):
+    write_input(tmp_path / "in", [250, 130])
+    cfg = table_config(tmp_path, fmt, keep_columns=["group"])
+    summary = run_batch_inference(cfg)
+    rows = read_table(tmp_path, fmt)
+    assert set(rows.column_names) == {"id", "group", "score", "ds"}
+    assert_exactly_once(rows, range(380))
+    assert set(rows["ds"].to_pylist()) == {DS}
+    assert summary.rows_out == 380 and summary.table_version is not None
+    assert len(intents(tmp_path)) == 1  # a short run: one commit, at its end
+
+    again = run_batch_inference(cfg)
+    assert again.ranges_skipped == 5 and again.rows_processed == 0
+    assert again.table_version == summary.table_version  # nothing committed
+    assert_exactly_once(read_table(tmp_path, fmt), range(380))
+
+
+def test_commits_while_running_add_whole_ranges(tmp_path, fmt):
+    write_input(tmp_path / "in", [600])
+    cfg = table_config(
+        tmp_path,
+        fmt,
+        keep_columns=["group"],
+        predictor="tests.support.predictors:SlowScore",
+        predictor_kwargs={"delay_s": 0.4},
+        batch_size=100,
+        table_kwargs={"commit_interval": 0.5},
+    )
+    run_batch_inference(cfg)
+    made = intents(tmp_path)
+    assert len(made) > 1
+    assert [i["seq"] for i in made] == list(range(len(made)))
+    ranges = [r for i in made for r in i["ranges"]]
+    assert len(ranges) == len(set(ranges)) == 6
+    assert_exactly_once(read_table(tmp_path, fmt), range(600))
+
+
+def test_dates_are_partitions_and_an_overwrite_replaces_only_its_date(tmp_path, fmt):
+    write_input(tmp_path / "in", [300])
+    for ds in (DS, OTHER_DS):
+        run_batch_inference(table_config(tmp_path, fmt, ds, keep_columns=["group"], run_key=f"run-{ds}"))
+    rerun = table_config(
+        tmp_path,
+        fmt,
+        DS,
+        keep_columns=["group"],
+        mode="overwrite",
+        run_key="rerun",
+    )
+    run_batch_inference(rerun)
+    assert_exactly_once(read_table(tmp_path, fmt, DS), range(300))
+    assert_exactly_once(read_table(tmp_path, fmt, OTHER_DS), range(300))
+    # The date's rows are the new generation's files now, the other date's are untouched.
+    files = snapshot_files(tmp_path, fmt)
+    assert {f.split("/g")[-1].split("/")[0] for f in files if f"ds={DS}" in f} == {"1"}
+    assert {f.split("/g")[-1].split("/")[0] for f in files if f"ds={OTHER_DS}" in f} == {"0"}
+    assert [i["replace"] for i in intents(tmp_path)] == [False, True]
+
+
+def run_killed_at(tmp_path, cfg, point: str) -> None:
+    """Run ``cfg`` in a process of its own, SIGKILLed the first time it reaches crash point ``point``."""
+    crashed = run_in_subprocess(
+        tmp_path,
+        "tests.support.predictors:score",
+        {},
+        env={"RAYBATCH_TEST_CRASH": f"{point}:1", **RECORD_EACH_RANGE},
+        output_path=cfg.output_path,
+        keep_columns=cfg.keep_columns,
+        mode=cfg.mode,
+        run_key=cfg.run_key,
+        table=table_spec(cfg),
+    )
+    kill_leftovers(crashed.ray_tmp)
+    assert crashed.returncode == -signal.SIGKILL, crashed.output
+
+
+@pytest.mark.parametrize("point", ["table_intent", "table_commit"])
+def test_a_try_killed_around_a_table_commit_is_completed_once_by_the_next(tmp_path, fmt, point):
+    # table_intent: the commit is decided, not applied; table_commit: applied, its try killed before going on.
+    write_input(tmp_path / "in", [400])
+    cfg = table_config(tmp_path, fmt, keep_columns=["group"], run_key="run-1")
+    run_killed_at(tmp_path, cfg, point)
+    assert len(intents(tmp_path)) == 1
+    landed = snapshot_files(tmp_path, fmt) if point == "table_commit" else []
+    assert len(landed) == (4 if point == "table_commit" else 0)
+    summary = run_batch_inference(cfg)
+    assert summary.ranges_skipped == 4 and summary.rows_processed == 0
+    assert len(intents(tmp_path)) == 1  # the same commit, completed or found, never made again
+    assert_exactly_once(read_table(tmp_path, fmt), range(400))
+
+
+def test_an_overwrite_killed_before_its_commit_leaves_the_old_rows_then_replaces_them(tmp_path, fmt):
+    write_input(tmp_path / "in", [300])
+    run_batch_inference(table_config(tmp_path, fmt, keep_columns=["group"], run_key="run-1"))
+    before = sorted(snapshot_files(tmp_path, fmt))
+    rerun = table_config(tmp_path, fmt, keep_columns=["group"], mode="overwrite", run_key="run-2")
+    run_killed_at(tmp_path, rerun, "table_intent")
+    assert sorted(snapshot_files(tmp_path, fmt)) == before  # readers still see the old rows, all of them
+    assert_exactly_once(read_table(tmp_path, fmt), range(300))
+    run_batch_inference(rerun)  # the retry of the same run resumes its generation and commits it
+    after = snapshot_files(tmp_path, fmt)
+    assert after and all("/g1/" in f for f in after)
+    assert_exactly_once(read_table(tmp_path, fmt), range(300))
+
+
+def test_a_backfill_of_two_dates_at_once_lands_both(tmp_path, fmt):
+    write_input(tmp_path / "in", [400])
+    runs = [
+        run_in_subprocess(
+            tmp_path,
+            "tests.support.predictors:score",
+            {},
+            wait=False,
+            output_path=str(tmp_path / "table"),
+            keep_columns=["group"],
+            run_key=f"backfill-{ds}",
+            table=table_spec(table_config(tmp_path, fmt, ds)),
+        )
+        for ds in (DS, OTHER_DS)
+    ]
+    for proc in runs:
+        output = proc.communicate(timeout=300)[0]
+        kill_leftovers(proc.ray_tmp)
+        assert proc.returncode == 0, output
+    for ds in (DS, OTHER_DS):
+        assert_exactly_once(read_table(tmp_path, fmt, ds), range(400))
+
+
+def test_a_frozen_writer_of_a_date_is_taken_over_and_commits_nothing_after_it_thaws(tmp_path, fmt):
+    write_input(tmp_path / "in", [800])
+    slow = {"predictor": "tests.support.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.4}}
+    cfg = table_config(
+        tmp_path, fmt, keep_columns=["group"], run_key="daily/run-1", lease_timeout=4.0, batch_size=100, **slow
+    )
+    zombie = run_in_subprocess(
+        tmp_path,
+        slow["predictor"],
+        slow["predictor_kwargs"],
+        wait=False,
+        env={"RAYBATCH_RECORD_INTERVAL_S": "0"},
+        output_path=cfg.output_path,
+        keep_columns=["group"],
+        run_key="daily/run-1",
+        try_number=1,
+        lease_timeout=4.0,
+        table={**table_spec(cfg), "commit_interval": 0.5},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not intents(tmp_path):  # it has made a table commit
+            assert zombie.poll() is None, zombie.stdout.read()
+            assert time.monotonic() < deadline, "the first writer made no table commit in 120 s"
+            time.sleep(0.2)
+        zombie.send_signal(signal.SIGSTOP)  # its worker lost contact: it neither runs nor heartbeats
+        with pytest.raises(OutputBusyError, match="writer 'daily.score'"):
+            run_batch_inference(dataclasses.replace(cfg, try_number=2))
+        time.sleep(4.5)
+        run_batch_inference(dataclasses.replace(cfg, try_number=2))
+        made = intents(tmp_path)
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+        output = zombie.communicate(timeout=300)[0]
+        kill_leftovers(zombie.ray_tmp)
+    assert zombie.returncode != 0
+    assert LeaseLostError.__name__ in output, output
+    assert intents(tmp_path) == made  # the thawed writer decided no table commit more
+    assert_exactly_once(read_table(tmp_path, fmt), range(800))
+
+
+def test_an_input_column_named_like_the_partition_column_is_refused_before_ray(tmp_path, fmt):
+    write_input(tmp_path / "in", [100])
+    cfg = table_config(tmp_path, fmt)
+    cfg.table.partition = {"group": "g1"}
+    with pytest.raises(ConfigError, match=r"input column\(s\) \['group'\] would be written to table .* leave it out"):
+        run_batch_inference(cfg)
+    assert not (tmp_path / "table").exists()
