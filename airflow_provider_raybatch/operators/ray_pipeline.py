@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import Asset, BaseOperator
 
 from airflow_provider_raybatch.assets import attach_summary, resolve_asset
+from airflow_provider_raybatch.hooks.iceberg_catalog import IcebergCatalogHook
 from airflow_provider_raybatch.hooks.jobs_types import JobFailure, JobInfo
 from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.hooks.ray import RayHook
@@ -33,10 +34,13 @@ from airflow_provider_raybatch.operators.rendered import (
 from airflow_provider_raybatch.pipeline.config import (
     DEFAULT_LEASE_TIMEOUT_S,
     DEFAULT_PROGRESS_TIMEOUT_S,
+    DEFAULT_TABLE_COMMIT_INTERVAL_S,
+    OUTPUT_FORMATS,
     BatchInferenceConfig,
     Stage,
+    TableOutput,
 )
-from airflow_provider_raybatch.pipeline.errors import NotRetryableError, RayJobsError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError, RayJobsError
 from airflow_provider_raybatch.runners.base import PipelineRunner
 from airflow_provider_raybatch.runners.embedded import EmbeddedRunner
 from airflow_provider_raybatch.version_compat import (
@@ -73,7 +77,19 @@ class RayPipelineOperator(BaseOperator):
     :param input_path: a Parquet file, folder or glob: local, ``s3://``, ``gs://``, ``abfs://`` / ``az://``
         or any fsspec URL (templated).
     :param output_path: the output folder (templated); must not overlap the input (compared after
-        resolving ``..`` and symlinks, in both directions) and must not be an existing file.
+        resolving ``..`` and symlinks, in both directions) and must not be an existing file. For a
+        Delta table, the table's root; for an Iceberg table, its location (where its files go).
+    :param output_format: ``"parquet"`` (default: a folder of Parquet files), ``"delta"`` (a Delta
+        Lake table; the ``delta`` extra) or ``"iceberg"`` (an Apache Iceberg table; the ``iceberg``
+        extra). A table gets this run's rows exactly once, in table commits naming the ranges they
+        add (see docs/tables.md); ``mode="overwrite"`` replaces the run's partition in one commit.
+    :param table: the Iceberg table, ``"namespace.table"`` (templated); created on first write.
+    :param table_partition: the table partition this task writes, column -> value (templated);
+        default ``{"ds": "{{ ds }}"}``: one partition per logical date, a string column ``ds``
+        added to every row.
+    :param iceberg_conn_id: the Iceberg catalog's connection (:class:`~airflow_provider_raybatch.hooks.iceberg_catalog.IcebergCatalogHook`);
+        when it does not exist, the SQL catalog on SQLite under ``$AIRFLOW_HOME/raybatch/iceberg/``.
+    :param table_commit_interval: seconds between a table's commits while a run appends.
     :param columns: input columns to read (None: all) (templated: a rendered ``"None"`` or ``""`` is
         None; a list renders as text unless the DAG sets ``render_template_as_native_obj=True``, and
         text is refused).
@@ -133,6 +149,8 @@ class RayPipelineOperator(BaseOperator):
     template_fields: Sequence[str] = (
         "input_path",
         "output_path",
+        "table",
+        "table_partition",
         "columns",
         "keep_columns",
         "mode",
@@ -165,9 +183,19 @@ class RayPipelineOperator(BaseOperator):
         asset: Asset | str | None = _DERIVED,
         plan_partitions: int | None = None,
         partition: dict[str, Any] | None = None,
+        output_format: str = "parquet",
+        table: str | None = None,
+        table_partition: dict[str, str] | None = None,
+        iceberg_conn_id: str | None = IcebergCatalogHook.default_conn_name,
+        table_commit_interval: float = DEFAULT_TABLE_COMMIT_INTERVAL_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.output_format = output_format
+        self.table = table
+        self.table_partition = {"ds": "{{ ds }}"} if table_partition is None else table_partition
+        self.iceberg_conn_id = iceberg_conn_id
+        self.table_commit_interval = table_commit_interval
         self.max_rows = max_rows
         self.max_error_fraction = max_error_fraction
         self.lease_timeout = lease_timeout
@@ -225,10 +253,30 @@ class RayPipelineOperator(BaseOperator):
             lease_timeout=self.lease_timeout,
             progress_timeout=rendered_seconds(self.progress_timeout),
             range_ids=None if self.partition is None else Partition.from_dict(self.partition).range_ids,
+            table=self._table_output(context),
         )
         # Rendered values are checked before any Ray work: a bad one fails the task without retries.
         config.validate()
         return config
+
+    def _table_output(self, context: Context) -> TableOutput | None:
+        """The table the output is, from the (rendered) table arguments; None for a Parquet folder."""
+        if self.output_format == "parquet":
+            return None
+        if self.output_format not in OUTPUT_FORMATS:
+            raise ConfigError(f"output_format must be one of {OUTPUT_FORMATS}, got {self.output_format!r}")
+        ti = context["ti"]
+        writer = f"{ti.dag_id}.{ti.task_id}" + (f".{ti.map_index}" if ti.map_index >= 0 else "")
+        return TableOutput(
+            self.output_format,  # type: ignore[arg-type]
+            partition={str(k): str(v) for k, v in (self.table_partition or {}).items()},
+            writer=writer,
+            identifier=self.table,
+            catalog=IcebergCatalogHook(self.iceberg_conn_id).catalog_properties()
+            if self.output_format == "iceberg"
+            else {},
+            commit_interval=self.table_commit_interval,
+        )
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
         with _fail_without_retry():

@@ -47,8 +47,11 @@ def table_spec(cfg: BatchInferenceConfig) -> dict[str, Any]:
     return dataclasses.asdict(cfg.table)
 
 
-def snapshot_files(tmp_path: Path, fmt: str) -> list[str]:
-    """The data files of the table's current snapshot, as its log or metadata names them."""
+def snapshot_files(tmp_path: Path, fmt: str, catalog: dict[str, str] | None = None) -> list[str]:
+    """The data files of the table's current snapshot, as its log or metadata names them.
+
+    :param catalog: the Iceberg catalog (default: :func:`catalog_properties`).
+    """
     root = tmp_path / "table"
     if fmt == "delta":
         from deltalake import DeltaTable
@@ -57,15 +60,15 @@ def snapshot_files(tmp_path: Path, fmt: str) -> list[str]:
         return [str(root / p) for p in pa.table(adds).column("path").to_pylist()]
     from airflow_provider_raybatch.pipeline.tables.iceberg import load_catalog
 
-    table = load_catalog(catalog_properties(tmp_path)).load_table(IDENTIFIER)
+    table = load_catalog(catalog or catalog_properties(tmp_path)).load_table(IDENTIFIER)
     return [task.file.file_path.removeprefix("file://") for task in table.scan().plan_files()]
 
 
-def read_table(tmp_path: Path, fmt: str, ds: str | None = None) -> pa.Table:
+def read_table(tmp_path: Path, fmt: str, ds: str | None = None, catalog: dict[str, str] | None = None) -> pa.Table:
     """The table's rows (of date ``ds``), read by DuckDB from the files of its current snapshot."""
     import duckdb
 
-    files = snapshot_files(tmp_path, fmt)
+    files = snapshot_files(tmp_path, fmt, catalog)
     if not files:
         return pa.table({})
     with duckdb.connect() as db:
