@@ -19,7 +19,7 @@ from tests.support.tables import FORMATS, read_table, snapshot_files, table_conf
 
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.parametrize("fmt", FORMATS)]
 
-DS, OTHER_DS = "2026-11-24", "2026-11-23"
+DS, OTHER_DS, THIRD_DS = "2026-11-24", "2026-11-23", "2026-11-22"
 
 
 @pytest.fixture(autouse=True)
@@ -99,7 +99,8 @@ def run_killed_at(tmp_path, cfg, point: str) -> None:
         tmp_path,
         "tests.support.predictors:score",
         {},
-        env={"RAYBATCH_TEST_CRASH": f"{point}:1", **RECORD_EACH_RANGE},
+        # On the host's shared Ray, as a task on a worker: the crash points are on the driver.
+        env={"RAYBATCH_TEST_CRASH": f"{point}:1", "RAYBATCH_LOCAL_RAY": "shared", **RECORD_EACH_RANGE},
         output_path=cfg.output_path,
         keep_columns=cfg.keep_columns,
         mode=cfg.mode,
@@ -139,27 +140,32 @@ def test_an_overwrite_killed_before_its_commit_leaves_the_old_rows_then_replaces
     assert_exactly_once(read_table(tmp_path, fmt), range(300))
 
 
-def test_a_backfill_of_two_dates_at_once_lands_both(tmp_path, fmt):
+def test_an_overwrite_of_a_date_while_other_dates_backfill_lands_every_date_once(tmp_path, fmt):
     write_input(tmp_path / "in", [400])
-    runs = [
-        run_in_subprocess(
+    run_batch_inference(table_config(tmp_path, fmt, DS, keep_columns=["group"], run_key="run-1"))
+    # At once: DS replaced by a new run, two other dates appended (each its own process and writer).
+    runs = {
+        ds: run_in_subprocess(
             tmp_path,
             "tests.support.predictors:score",
             {},
             wait=False,
+            env={"RAYBATCH_LOCAL_RAY": "shared"},
             output_path=str(tmp_path / "table"),
             keep_columns=["group"],
+            mode=mode,
             run_key=f"backfill-{ds}",
             table=table_spec(table_config(tmp_path, fmt, ds)),
         )
-        for ds in (DS, OTHER_DS)
-    ]
-    for proc in runs:
+        for ds, mode in ((DS, "overwrite"), (OTHER_DS, "resume"), (THIRD_DS, "resume"))
+    }
+    for proc in runs.values():
         output = proc.communicate(timeout=300)[0]
         kill_leftovers(proc.ray_tmp)
         assert proc.returncode == 0, output
-    for ds in (DS, OTHER_DS):
+    for ds in runs:
         assert_exactly_once(read_table(tmp_path, fmt, ds), range(400))
+    assert all("/g1/" in f for f in snapshot_files(tmp_path, fmt) if f"ds={DS}/" in f)
 
 
 def test_a_frozen_writer_of_a_date_is_taken_over_and_commits_nothing_after_it_thaws(tmp_path, fmt):
