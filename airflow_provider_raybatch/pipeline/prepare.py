@@ -140,9 +140,11 @@ def _open_staging(
 ) -> tuple[OutputLedger, Lease, Generation]:
     """A table output: the writer's lease on its partition, and the ledger of the generation it writes."""
     from airflow_provider_raybatch.pipeline.tables.staging import lease_folder, open_generation
+    from airflow_provider_raybatch.pipeline.tables.table_commits import check_table_output
 
     table = config.table
     assert table is not None
+    check_table_output(config)
     what = f"{table.format} table {config.output_path}, partition {table.partition}, writer {table.writer!r}"
     lease = Lease(fs, lease_folder(root, table), what, holder, config.lease_timeout)
     lease.acquire()

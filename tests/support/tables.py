@@ -39,7 +39,7 @@ def table_output(
 def table_config(tmp_path: Path, fmt: str, ds: str = "2026-11-24", **kwargs) -> BatchInferenceConfig:
     """A run of ``tests.support.predictors:score`` writing date ``ds`` of a table at ``<tmp>/table``."""
     table = table_output(tmp_path, fmt, ds, **kwargs.pop("table_kwargs", {}))
-    return config(tmp_path, output_path=str(tmp_path / "table"), table=table, **kwargs)
+    return config(tmp_path, **{"output_path": str(tmp_path / "table"), "table": table, **kwargs})
 
 
 def table_spec(cfg: BatchInferenceConfig) -> dict[str, Any]:

@@ -25,6 +25,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.store.urls import store_of
 from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     DataFile,
     apply_once,
@@ -169,7 +171,12 @@ def delta_storage_options(url: str, options: Mapping[str, Any]) -> dict[str, str
     """
     if not url.startswith(("s3://", "s3a://")):
         if options:
-            raise ValueError(f"storage options for {url.split('://')[0]}:// tables are not supported yet")
+            store = store_of(url)
+            raise ConfigError(
+                f"{store.conn_arg if store else 'storage options'} for a Delta table on {url.split('://')[0]}:// is not "
+                "supported yet: leave it unset, and delta-rs reads the environment's credentials "
+                "(GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY...)"
+            )
         return {}
     client = options.get("client_kwargs") or {}
     mapped = {

@@ -168,6 +168,22 @@ def load_catalog(properties: Mapping[str, Any]) -> Any:
     return load(properties.pop("name", "raybatch"), **properties)
 
 
+def file_io_properties(url: str, options: Mapping[str, Any]) -> dict[str, str]:
+    """pyiceberg's file IO properties for ``url`` from the provider's fsspec options for its store
+    (an Airflow connection's credentials, an endpoint); S3 only, other stores use the environment's."""
+    if not url.startswith(("s3://", "s3a://")) or not options:
+        return {}
+    client = options.get("client_kwargs") or {}
+    mapped = {
+        "s3.access-key-id": options.get("key"),
+        "s3.secret-access-key": options.get("secret"),
+        "s3.session-token": options.get("token"),
+        "s3.endpoint": client.get("endpoint_url") or options.get("endpoint_url"),
+        "s3.region": client.get("region_name"),
+    }
+    return {k: str(v) for k, v in mapped.items() if v}
+
+
 def _without_retries(table: Any) -> None:
     """Turn off pyiceberg's own retries of a commit that lost a race, for this table object.
 

@@ -36,7 +36,9 @@ import pyarrow.parquet as pq
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.ledger import REJECTS_DIR, OutputLedger
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TableOutput
+from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.store.files import create_file, ls, read_json
+from airflow_provider_raybatch.pipeline.store.urls import options_for
 from airflow_provider_raybatch.pipeline.tables.staging import Generation
 from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
 
@@ -193,6 +195,26 @@ def _data_files(record: dict[str, Any]) -> list[str]:
     return [name for name in record["files"] if not name.startswith(f"{REJECTS_DIR}/")]
 
 
+def check_table_output(config: BatchInferenceConfig) -> None:
+    """What can be checked of a table output before any work: its library, its store's credentials.
+
+    :raises ConfigError: the extra is not installed, or the store's connection cannot be given to it.
+    """
+    assert config.table is not None
+    package = {"delta": "deltalake", "iceberg": "pyiceberg"}[config.table.format]
+    try:
+        __import__(package)
+    except ImportError:
+        raise ConfigError(
+            f"output_format={config.table.format!r} needs {package}: "
+            f"pip install 'airflow-provider-raybatch[{config.table.format}]'"
+        ) from None
+    if config.table.format == "delta":
+        from airflow_provider_raybatch.pipeline.tables.delta import delta_storage_options
+
+        delta_storage_options(config.output_path, options_for(config.output_path, config.storage_options))
+
+
 def open_table_writer(
     config: BatchInferenceConfig,
     table: TableOutput,
@@ -205,14 +227,16 @@ def open_table_writer(
     if table.format == "delta":
         from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter, delta_storage_options
 
-        options = delta_storage_options(config.output_path, config.storage_options)
+        options = delta_storage_options(config.output_path, options_for(config.output_path, config.storage_options))
         return DeltaTableWriter(config.output_path, schema, partition_by, generation.writer_id, options, fence=fence)
-    from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter, load_catalog
+    from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter, file_io_properties, load_catalog
 
     # pyiceberg names local files by URL: the table's files are found however the path was given.
     location = config.output_path if "://" in config.output_path else f"file://{os.path.abspath(config.output_path)}"
+    # The files' store is reached with the output's credentials, unless the catalog's properties say otherwise.
+    io = file_io_properties(config.output_path, options_for(config.output_path, config.storage_options))
     return IcebergTableWriter(
-        load_catalog(table.catalog),
+        load_catalog({**io, **table.catalog}),
         table.identifier,
         location,
         schema,

@@ -15,7 +15,7 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError, LeaseLostErro
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.support.data import assert_exactly_once, write_input
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, kill_leftovers, run_in_subprocess
-from tests.support.tables import FORMATS, read_table, snapshot_files, table_config, table_spec
+from tests.support.tables import FORMATS, IDENTIFIER, read_table, snapshot_files, table_config, table_spec
 
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.parametrize("fmt", FORMATS)]
 
@@ -216,3 +216,26 @@ def test_an_input_column_named_like_the_partition_column_is_refused_before_ray(t
     with pytest.raises(ConfigError, match=r"input column\(s\) \['group'\] would be written to table .* leave it out"):
         run_batch_inference(cfg)
     assert not (tmp_path / "table").exists()
+
+
+def test_a_table_on_s3_through_a_real_s3_protocol(tmp_path, fmt, s3_server):
+    write_input(tmp_path / "in", [250])
+    root = f"s3://raybatch-test/tables/{fmt}-{tmp_path.name}"
+    cfg = table_config(tmp_path, fmt, keep_columns=["group"], output_path=root, storage_options=s3_server)
+    if fmt == "iceberg":
+        cfg.table.catalog["warehouse"] = f"s3://raybatch-test/warehouse-{tmp_path.name}"
+    summary = run_batch_inference(cfg)
+    assert run_batch_inference(cfg).ranges_skipped == summary.ranges_total == 3
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        from airflow_provider_raybatch.pipeline.tables.delta import delta_storage_options
+
+        rows = DeltaTable(root, storage_options=delta_storage_options(root, s3_server)).to_pyarrow_table()
+    else:
+        from airflow_provider_raybatch.pipeline.tables.iceberg import file_io_properties, load_catalog
+
+        catalog = load_catalog({**file_io_properties(root, s3_server), **cfg.table.catalog})
+        rows = catalog.load_table(IDENTIFIER).scan().to_arrow()
+    assert_exactly_once(rows, range(250))
+    assert rows["ds"].unique().to_pylist() == [DS]
