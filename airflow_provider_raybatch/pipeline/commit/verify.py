@@ -33,11 +33,11 @@ def verify_output(output_path: str, storage_options: dict[str, Any] | None = Non
 
     planned = plan.range_ids()
     missing = [r for r in planned if r not in committed]
-    _add(faults, "planned range(s) not committed", missing)
-    _add(faults, "commit record(s) of ranges not in the plan", sorted(set(committed) - set(planned)))
+    add_faults(faults, "planned range(s) not committed", missing)
+    add_faults(faults, "commit record(s) of ranges not in the plan", sorted(set(committed) - set(planned)))
     plan_id = plan.plan_id()
     foreign = sorted(r for r, record in committed.items() if record.get("plan", plan_id) != plan_id)
-    _add(faults, "range(s) committed under another plan than the output's (a mixed output)", foreign)
+    add_faults(faults, "range(s) committed under another plan than the output's (a mixed output)", foreign)
 
     recorded_files = {}  # relative path -> rows its record names
     for record in committed.values():
@@ -50,8 +50,8 @@ def verify_output(output_path: str, storage_options: dict[str, Any] | None = Non
         for p in fs.ls(folder, detail=False)
         if posixpath.basename(p).startswith("part-")
     }
-    _add(faults, "committed file(s) missing", sorted(set(recorded_files) - present))
-    _add(faults, "part file(s) without a commit record", sorted(present - set(recorded_files)))
+    add_faults(faults, "committed file(s) missing", sorted(set(recorded_files) - present))
+    add_faults(faults, "part file(s) without a commit record", sorted(present - set(recorded_files)))
 
     id_column = plan.job.get("id_column") or ROW_ID_COLUMN
     wrong_rows, ids = [], []
@@ -63,13 +63,14 @@ def verify_output(output_path: str, storage_options: dict[str, Any] | None = Non
                 ids.extend(parquet.read(columns=[id_column]).column(id_column).to_pylist())
         if rows != recorded_files[name]:
             wrong_rows.append(f"{name} ({rows} rows, recorded {recorded_files[name]})")
-    _add(faults, "file(s) whose rows differ from their record", wrong_rows)
+    add_faults(faults, "file(s) whose rows differ from their record", wrong_rows)
     duplicated = sorted((i for i, n in Counter(ids).items() if n > 1), key=repr)
-    _add(faults, f"{id_column} value(s) written more than once", [repr(i) for i in duplicated])
+    add_faults(faults, f"{id_column} value(s) written more than once", [repr(i) for i in duplicated])
     return faults
 
 
-def _add(faults: list[str], what: str, items: list[str]) -> None:
+def add_faults(faults: list[str], what: str, items: list[str]) -> None:
+    """Add a fault of ``items`` (none: no fault), listing the first :data:`SHOWN`."""
     if items:
         more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
         faults.append(f"{len(items)} {what}: {', '.join(items[:SHOWN])}{more}")

@@ -73,6 +73,18 @@ class DeltaTableWriter:
         table = self._open()
         return None if table is None else int(table.version())
 
+    def partition_files(self, partition: Mapping[str, str]) -> list[str]:
+        """The files of ``partition`` in the table's current version, relative to its root."""
+        table = self._open()
+        if table is None:
+            return []
+        adds = pa.table(table.get_add_actions(flatten=True))
+        keep = [
+            all(adds.column(f"partition.{k}")[i].as_py() == v for k, v in partition.items())
+            for i in range(adds.num_rows)
+        ]
+        return [p for p, k in zip(adds.column("path").to_pylist(), keep, strict=True) if k]
+
     def commit(
         self,
         seq: int,

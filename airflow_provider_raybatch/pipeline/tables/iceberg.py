@@ -69,6 +69,20 @@ class IcebergTableWriter:
         snapshot = None if table is None else table.current_snapshot()
         return None if snapshot is None else int(snapshot.snapshot_id)
 
+    def partition_files(self, partition: Mapping[str, str]) -> list[str]:
+        """The files of ``partition`` in the table's current snapshot, relative to ``location``
+        (a file elsewhere keeps its full path)."""
+        from pyiceberg.expressions import AlwaysTrue, And, EqualTo
+
+        table = self._load()
+        if table is None or table.current_snapshot() is None:
+            return []
+        where: Any = AlwaysTrue()
+        for column, value in partition.items():
+            where = And(where, EqualTo(column, value))
+        paths = [task.file.file_path for task in table.scan(row_filter=where).plan_files()]
+        return [p.removeprefix(f"{self.location}/") for p in paths]
+
     def commit(
         self,
         seq: int,

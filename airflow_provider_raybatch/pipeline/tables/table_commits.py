@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.ledger import REJECTS_DIR, OutputLedger
-from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TableOutput
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.store.files import create_file, ls, read_json
 from airflow_provider_raybatch.pipeline.store.urls import options_for
@@ -185,7 +185,7 @@ class TableCommits:
     def _open_writer(self) -> Any:
         if self._writer is None:
             self._writer = open_table_writer(
-                self.config, self.table, self.generation, self.ledger.recorded_schema("output"), self.ledger.fence
+                self.config, self.generation.writer_id, self.ledger.recorded_schema("output"), self.ledger.fence
             )
         return self._writer
 
@@ -217,18 +217,20 @@ def check_table_output(config: BatchInferenceConfig) -> None:
 
 def open_table_writer(
     config: BatchInferenceConfig,
-    table: TableOutput,
-    generation: Generation,
-    schema: pa.Schema | None,
-    fence: Callable[[], None],
+    writer_id: str = "",
+    schema: pa.Schema | None = None,
+    fence: Callable[[], None] = lambda: None,
 ) -> Any:
-    """The :class:`.delta.DeltaTableWriter` or :class:`.iceberg.IcebergTableWriter` of a generation."""
+    """The :class:`.delta.DeltaTableWriter` or :class:`.iceberg.IcebergTableWriter` of ``config.table``
+    (without ``writer_id``: to read the table only)."""
+    table = config.table
+    assert table is not None
     partition_by = list(table.partition)
     if table.format == "delta":
         from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter, delta_storage_options
 
         options = delta_storage_options(config.output_path, options_for(config.output_path, config.storage_options))
-        return DeltaTableWriter(config.output_path, schema, partition_by, generation.writer_id, options, fence=fence)
+        return DeltaTableWriter(config.output_path, schema, partition_by, writer_id, options, fence=fence)
     from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter, file_io_properties, load_catalog
 
     # pyiceberg names local files by URL: the table's files are found however the path was given.
@@ -241,6 +243,6 @@ def open_table_writer(
         location,
         schema,
         partition_by,
-        generation.writer_id,
+        writer_id,
         fence=fence,
     )

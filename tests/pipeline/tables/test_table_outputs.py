@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError, LeaseLostError, OutputBusyError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.tables.table_commits import open_table_writer
+from airflow_provider_raybatch.pipeline.tables.verify import verify_table
+from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
 from tests.support.data import assert_exactly_once, write_input
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, kill_leftovers, run_in_subprocess
 from tests.support.tables import FORMATS, IDENTIFIER, read_table, snapshot_files, table_config, table_spec
@@ -44,6 +51,7 @@ def test_a_run_adds_each_row_once_and_a_rerun_adds_nothing(tmp_path, fmt):
     assert set(rows["ds"].to_pylist()) == {DS}
     assert summary.rows_out == 380 and summary.table_version is not None
     assert len(intents(tmp_path)) == 1  # a short run: one commit, at its end
+    assert verify_table(cfg) == []
 
     again = run_batch_inference(cfg)
     assert again.ranges_skipped == 5 and again.rows_processed == 0
@@ -239,3 +247,26 @@ def test_a_table_on_s3_through_a_real_s3_protocol(tmp_path, fmt, s3_server):
         rows = catalog.load_table(IDENTIFIER).scan().to_arrow()
     assert_exactly_once(rows, range(250))
     assert rows["ds"].unique().to_pylist() == [DS]
+
+
+def test_the_verifier_finds_rows_another_writer_added_to_the_partition(tmp_path, fmt):
+    write_input(tmp_path / "in", [200])
+    cfg = table_config(tmp_path, fmt, keep_columns=["group"])
+    run_batch_inference(cfg)
+    command = [sys.executable, "-m", "airflow_provider_raybatch", "verify", cfg.output_path, "--format", fmt]
+    command += ["--partition", f"ds={DS}"]
+    if fmt == "iceberg":
+        command += ["--table", IDENTIFIER, *(f"--catalog={k}={v}" for k, v in cfg.table.catalog.items())]
+    ok = subprocess.run(command, capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("OK "), ok.stdout + ok.stderr
+    # Another writer adds a copy of one of the partition's files in a commit of its own.
+    staged = sorted((tmp_path / "table").glob(f"ds={DS}/*/g0/part-*.parquet"))[0]
+    copy = tmp_path / "table" / f"ds={DS}" / "other.parquet"
+    shutil.copy(staged, copy)
+    other = open_table_writer(cfg, "someone-else", pq.read_schema(copy))
+    other.commit(0, [DataFile(f"ds={DS}/other.parquet", copy.stat().st_size, 100)], {"ds": DS}, ["x"])
+    faults = verify_table(cfg)
+    assert any("in the table's current snapshot that no current generation committed" in f for f in faults), faults
+    assert any("id value(s) more than once in the partition" in f for f in faults), faults
+    bad = subprocess.run(command, capture_output=True, text=True)
+    assert bad.returncode == 1 and "FAULT 1 file(s) in the table's current snapshot" in bad.stdout, bad.stdout
