@@ -35,14 +35,36 @@ def dataset_name(path: str) -> tuple[str, str]:
     return f"{scheme}://{parts.netloc}", parts.path.strip("/") or "/"
 
 
-def operator_lineage(input_path: str, output_path: str) -> Any | None:
-    """An ``OperatorLineage`` reading ``input_path`` and writing ``output_path``; None without OpenLineage."""
+def catalog_namespace(properties: dict[str, Any]) -> str:
+    """An Iceberg catalog as an OpenLineage namespace: its URI without credentials (or its type)."""
+    uri = str(properties.get("uri") or "")
+    if not uri:
+        return f"iceberg://{properties.get('type', 'catalog')}"
+    parts = urlsplit(uri)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme.split('+')[0]}://{host}{port}{parts.path}"
+
+
+def operator_lineage(
+    input_path: str, output_path: str, table: str | None = None, catalog: dict[str, Any] | None = None
+) -> Any | None:
+    """An ``OperatorLineage`` reading ``input_path`` and writing ``output_path``; None without OpenLineage.
+
+    A table output is named by its location, as OpenLineage's integrations name Delta and Iceberg
+    tables; an Iceberg table also gets its catalog name as a ``TABLE`` symlink (namespace: the
+    catalog's URI without credentials, name: ``namespace.table``).
+    """
     try:
-        from airflow.providers.common.compat.openlineage.facet import Dataset
+        from airflow.providers.common.compat.openlineage.facet import Dataset, Identifier, SymlinksDatasetFacet
         from airflow.providers.openlineage.extractors import OperatorLineage
     except ImportError:
         return None
+    facets = {}
+    if table:
+        identifier = Identifier(namespace=catalog_namespace(catalog or {}), name=table, type="TABLE")
+        facets["symlinks"] = SymlinksDatasetFacet(identifiers=[identifier])
     return OperatorLineage(
         inputs=[Dataset(*dataset_name(input_path))],
-        outputs=[Dataset(*dataset_name(output_path))],
+        outputs=[Dataset(*dataset_name(output_path), facets=facets)],
     )

@@ -423,8 +423,12 @@ class RayPipelineOperator(BaseOperator):
         return summary
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """The input and output folders as OpenLineage datasets (None without the OpenLineage provider)."""
-        return operator_lineage(self.input_path, self.output_path)
+        """The input folder and the output folder or table as OpenLineage datasets (None without the
+        OpenLineage provider)."""
+        if self.output_format != "iceberg":
+            return operator_lineage(self.input_path, self.output_path)
+        catalog = IcebergCatalogHook(self.iceberg_conn_id).catalog_properties()
+        return operator_lineage(self.input_path, self.output_path, self.table, catalog)
 
 
 @contextmanager

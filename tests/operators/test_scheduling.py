@@ -4,6 +4,7 @@ All on a real Airflow (`dag.test()`) and a real local Ray."""
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -108,6 +109,29 @@ def test_openlineage_facets_on_complete():
     lineage = operator.get_openlineage_facets_on_complete(None)
     assert [(d.namespace, d.name) for d in lineage.inputs] == [("s3://bucket", "in/2026-11-20")]
     assert [(d.namespace, d.name) for d in lineage.outputs] == [("file", "/data/out/2026-11-20")]
+
+
+def test_an_iceberg_output_is_its_location_with_its_catalog_table_as_a_symlink(monkeypatch):
+    pytest.importorskip("airflow.providers.openlineage", reason="the OpenLineage provider is optional")
+    catalog = {"conn_type": "postgres", "host": "db.internal", "port": 5432, "login": "u", "password": "s3cret"}
+    monkeypatch.setenv("AIRFLOW_CONN_CATALOG", json.dumps({**catalog, "schema": "iceberg"}))
+    operator = RayBatchInferenceOperator(
+        task_id="score",
+        input_path="/data/in",
+        output_path="s3://lake/preds",
+        output_format="iceberg",
+        table="ml.preds",
+        iceberg_conn_id="catalog",
+        predictor="m:f",
+    )
+    (output,) = operator.get_openlineage_facets_on_complete(None).outputs
+    assert (output.namespace, output.name) == ("s3://lake", "preds")
+    (symlink,) = output.facets["symlinks"].identifiers
+    assert (symlink.namespace, symlink.name, symlink.type) == (
+        "postgresql://db.internal:5432/iceberg",
+        "ml.preds",
+        "TABLE",
+    )
 
 
 # What the operator would import from OpenLineage fails to import, as where it is not installed.
