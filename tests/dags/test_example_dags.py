@@ -22,6 +22,7 @@ PREDICTIONS_URI = "x-raybatch://daily_batch_inference/predictions"
 DAG_FILES = sorted((REPO / "dags").glob("*.py"))
 EXPECTED_DAGS = {
     "daily_batch_inference",
+    "daily_table",
     "partitioned_batch_inference",
     "digits_accuracy_report",
     "vlm_caption",
@@ -186,3 +187,31 @@ def test_daily_dag_scores_the_day_s_digits_and_the_report_reads_its_asset_event(
     assert sorted(p.name for p in (tmp_path / "output" / "2026-11-21").iterdir()) == before
     # ...and leaves the production asset alone: the report DAG is not triggered by a smoke run.
     assert [e["extra"] for e in asset_events(PREDICTIONS_URI)] == [summary]
+
+
+def test_daily_table_dag_writes_a_partition_per_date_that_duckdb_reads(tmp_path):
+    pytest.importorskip("deltalake")
+    pytest.importorskip("duckdb")
+    digits.train(tmp_path / "model" / "digits.safetensors", epochs=150)
+    days = [datetime(2026, 11, 20, tzinfo=UTC), datetime(2026, 11, 21, tzinfo=UTC)]
+    rows = {day: digits.write_input(tmp_path / "input" / day.strftime("%Y-%m-%d")) for day in days}
+    results = {}
+    for day in [*days, days[0]]:  # the first date again: a rerun commits nothing
+        run = run_dag(load_dag("daily_table"), day, conf={"data_root": str(tmp_path)})
+        assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {
+            "predict_digits": "success",
+            "daily_accuracy": "success",
+        }
+        results.setdefault(day, []).append(
+            (
+                run.get_task_instance("predict_digits").xcom_pull(task_ids="predict_digits"),
+                run.get_task_instance("daily_accuracy").xcom_pull(task_ids="daily_accuracy"),
+            )
+        )
+    for day in days:
+        summary, counts = results[day][0]
+        assert counts["rows"] == counts["distinct_ids"] == rows[day] == summary["rows_out"]
+        assert counts["ds"] == day.strftime("%Y-%m-%d") and counts["accuracy"] > 0.85
+    (rerun, counts), newest = results[days[0]][1], results[days[1]][0][1]
+    assert rerun["rows_processed"] == 0 and counts["rows"] == rows[days[0]]
+    assert counts["version"] == newest["version"]  # the rerun made no table commit
