@@ -54,6 +54,11 @@ with DAG(
         id_column="id",  # None: a `_row_id` derived from (file, row) is written
         rows_per_range=100_000,  # checkpoint granularity
         mode="resume",  # or "overwrite"
+        output_format="parquet",  # or "delta", "iceberg": output_path is then the table's root / location
+        table=None,  # an Iceberg table, "namespace.table"
+        table_partition=None,  # a table's partition this task writes; default {"ds": "{{ ds }}"}
+        iceberg_conn_id="iceberg_default",  # the Iceberg catalog; no such connection: SQLite under $AIRFLOW_HOME
+        table_commit_interval=60,  # seconds between a table's commits while a run appends
         max_rows=None,  # a smoke run: only the input's first N rows (give it its own output path)
         ray_conn_id="ray_default",  # no such connection: local Ray; else a Ray Job on the cluster
         deferrable=False,  # on a cluster: wait in the triggerer instead of a worker slot

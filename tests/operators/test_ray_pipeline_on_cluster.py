@@ -306,3 +306,23 @@ def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_
     job_lines = [line for line in capfd.readouterr().out.splitlines() if "[ray job]" in line]
     assert any("Read 4 footers in 1 Ray task(s)" in line for line in job_lines), job_lines[-20:]
     assert_exactly_once(read_output(tmp_path / "out"), range(400))
+
+
+def test_a_delta_table_output_on_the_cluster(tmp_path, cluster):
+    pytest.importorskip("deltalake")
+    from tests.support.tables import read_table
+
+    write_input(tmp_path / "in", [300])
+    dag = cluster_dag(
+        "table_on_cluster",
+        input_path=str(tmp_path / "in"),
+        output_path=str(tmp_path / "table"),
+        output_format="delta",
+        keep_columns=["group"],
+        rows_per_range=100,
+    )
+    ti = run_dag(dag, LOGICAL_DATE).get_task_instance("score")
+    assert ti.state == "success"
+    summary = ti.xcom_pull(task_ids="score")
+    assert summary["ray_submission_id"] and summary["table_version"] == 0
+    assert_exactly_once(read_table(tmp_path, "delta", "2026-11-20"), range(300))
