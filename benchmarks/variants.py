@@ -111,6 +111,12 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         mode="resume",
         ray_conn_id=None,  # embedded local Ray, as with no `ray` connection configured
         asset=None,  # no DAG run here to emit an asset event in
+        # A table output (benchmarks/tables.py); Iceberg's catalog: the embedded SQLite one.
+        output_format=p.get("output_format", "parquet"),
+        table=p.get("table"),
+        table_partition={"ds": p.get("ds", "2026-11-24")},  # rendered: execute() is called without templating
+        iceberg_conn_id=None,
+        table_commit_interval=p.get("table_commit_interval", 60.0),
     )
     context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
     driver_bytes = _count_driver_bytes() if p.get("count_driver_bytes") else None

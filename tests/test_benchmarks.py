@@ -68,6 +68,34 @@ def test_commit_cost_script_runs(tmp_path):
     assert [r["setting"] for r in rows] == ["durable and fenced", "fenced, no fsync", "neither"]
 
 
+def test_tables_script_measures_commits_of_two_writers(tmp_path):
+    pytest.importorskip("deltalake")
+    pytest.importorskip("pyiceberg")
+    out = tmp_path / "results"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.tables", "--parts", "commits", "--seconds", "1"]
+        + ["--out", str(out), "--work-dir", str(tmp_path / "data")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = json.loads((out / "tables.json").read_text())["rows"]
+    commits = [r for r in rows if r["part"] == "commits"]
+    assert [(r["output"], r["writer"]) for r in commits] == [
+        ("delta", "2026-11-23"),
+        ("delta", "2026-11-24"),
+        ("iceberg", "2026-11-23"),
+        ("iceberg", "2026-11-24"),
+    ]
+    # What the commits left in each table: as many as the writers counted, and its size.
+    metadata = {r["output"]: r for r in rows if r["part"] == "metadata"}
+    for fmt in ("delta", "iceberg"):
+        made = sum(r["commits"] for r in commits if r["output"] == fmt)
+        assert made >= 1 and metadata[fmt]["table_commits"] == made and metadata[fmt]["metadata_kib"] > 0
+
+
 def test_ledger_cost_script_runs(tmp_path):
     out = tmp_path / "results"
     run = subprocess.run(

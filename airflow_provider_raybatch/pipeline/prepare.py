@@ -118,7 +118,7 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
         lease = _take_lease(config, ledger, holder)
     else:
         _check_partition_columns(config, keep)
-        ledger, lease, generation = _open_staging(config, out_fs, out_path, holder)
+        ledger, lease, generation = _open_staging(config, plan, out_fs, out_path, holder)
     try:
         if generation is not None:
             # mode applies to the generation (:func:`.tables.staging.open_generation`): within one, a
@@ -136,9 +136,14 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
 
 
 def _open_staging(
-    config: BatchInferenceConfig, fs: AbstractFileSystem, root: str, holder: LeaseHolder
+    config: BatchInferenceConfig, plan: Plan, fs: AbstractFileSystem, root: str, holder: LeaseHolder
 ) -> tuple[OutputLedger, Lease, Generation]:
-    """A table output: the writer's lease on its partition, and the ledger of the generation it writes."""
+    """A table output: the writer's lease on its partition, and the ledger of the generation it writes.
+
+    An overwrite continues its own run's generation unless that was planned on another input or
+    other settings: then, as a folder would be reset, it starts the next generation (the one it
+    leaves may have rows in the table already, so it is never reset).
+    """
     from airflow_provider_raybatch.pipeline.tables.staging import lease_folder, open_generation
     from airflow_provider_raybatch.pipeline.tables.table_commits import check_table_output
 
@@ -150,12 +155,23 @@ def _open_staging(
     lease.acquire()
     try:
         generation = open_generation(fs, root, table, config.mode, config.run_key)
+        ledger = _staging_ledger(config, fs, root, generation, lease)
+        recorded = ledger.load_plan()
+        if config.mode == "overwrite" and recorded is not None and any(_differences(config, plan, recorded)):
+            generation = open_generation(fs, root, table, config.mode, config.run_key, new=True)
+            ledger = _staging_ledger(config, fs, root, generation, lease)
     except BaseException:
         lease.release()
         raise
+    return ledger, lease, generation
+
+
+def _staging_ledger(
+    config: BatchInferenceConfig, fs: AbstractFileSystem, root: str, generation: Generation, lease: Lease
+) -> OutputLedger:
     ledger = OutputLedger(fs, f"{root}/{generation.relpath}", f"{config.output_path.rstrip('/')}/{generation.relpath}")
     ledger.fence = lease.check
-    return ledger, lease, generation
+    return ledger
 
 
 def _check_partition_columns(config: BatchInferenceConfig, keep: list[str]) -> None:

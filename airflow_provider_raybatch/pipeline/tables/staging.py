@@ -69,9 +69,10 @@ def lease_folder(root: str, table: TableOutput) -> str:
 
 
 def open_generation(
-    fs: AbstractFileSystem, root: str, table: TableOutput, mode: str, run_key: str | None
+    fs: AbstractFileSystem, root: str, table: TableOutput, mode: str, run_key: str | None, *, new: bool = False
 ) -> Generation:
-    """The generation this run writes: the current one, or (``mode="overwrite"`` from another run) a new one.
+    """The generation this run writes: the current one, or (``mode="overwrite"`` from another run,
+    or ``new``) the next one.
 
     Called under the writer's lease (:func:`lease_folder`): the choice and its record are this
     writer's alone.
@@ -80,7 +81,8 @@ def open_generation(
     record_path = f"{folder}/{META_DIR}/generation.json"
     fs.invalidate_cache(f"{folder}/{META_DIR}")
     current: dict[str, Any] | None = read_json(fs, record_path) if fs.exists(record_path) else None
-    if current is not None and (mode != "overwrite" or (run_key is not None and current["run_key"] == run_key)):
+    same_run = current is not None and run_key is not None and current["run_key"] == run_key
+    if current is not None and not new and (mode != "overwrite" or same_run):
         return _generation(table, current)
     number = 0 if current is None else current["number"] + 1
     record = {"number": number, "run_key": run_key, "replace": mode == "overwrite"}

@@ -270,3 +270,14 @@ def test_the_verifier_finds_rows_another_writer_added_to_the_partition(tmp_path,
     assert any("id value(s) more than once in the partition" in f for f in faults), faults
     bad = subprocess.run(command, capture_output=True, text=True)
     assert bad.returncode == 1 and "FAULT 1 file(s) in the table's current snapshot" in bad.stdout, bad.stdout
+
+
+def test_an_overwrite_whose_input_changed_between_tries_starts_a_new_generation(tmp_path, fmt):
+    write_input(tmp_path / "in", [300])
+    cfg = table_config(tmp_path, fmt, keep_columns=["group"], mode="overwrite", run_key="run-1")
+    run_batch_inference(cfg)
+    write_input(tmp_path / "in", [200])  # the date's input rewritten upstream, then the same run retried
+    summary = run_batch_inference(cfg)
+    assert summary.rows_out == 200
+    assert_exactly_once(read_table(tmp_path, fmt), range(200))
+    assert all("/g1/" in f for f in snapshot_files(tmp_path, fmt))
