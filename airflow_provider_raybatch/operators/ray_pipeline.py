@@ -191,6 +191,12 @@ class RayPipelineOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if output_format != "parquet" and (plan_partitions is not None or partition is not None):
+            # Refused when the DAG is parsed: each table partition has one writer task (docs/operators/tables.md).
+            raise ValueError(
+                f"{self.task_id}: a {output_format} output does not take mapped partitions (plan_partitions, "
+                "partition) yet; write the table with one task per date"
+            )
         self.output_format = output_format
         self.table = table
         self.table_partition = {"ds": "{{ ds }}"} if table_partition is None else table_partition

@@ -85,3 +85,15 @@ def test_an_iceberg_catalog_on_postgresql_from_a_connection(tmp_path, monkeypatc
         assert_exactly_once(read_table(tmp_path, "iceberg", "2026-11-24", properties), range(200))
         # The catalog's tables are in PostgreSQL.
         assert server.query("SELECT table_namespace, table_name FROM iceberg_tables") == [("predictions", "scores")]
+
+
+def test_mapped_partitions_of_a_table_output_are_refused_when_the_dag_is_parsed(tmp_path):
+    with pytest.raises(ValueError, match="plan: a delta output does not take mapped partitions"):
+        RayBatchInferenceOperator(
+            task_id="plan",
+            predictor="m:f",
+            input_path="/in",
+            output_path="/table",
+            output_format="delta",
+            plan_partitions=4,
+        )
