@@ -177,6 +177,11 @@ def test_an_overwrite_of_a_date_while_other_dates_backfill_lands_every_date_once
 
 
 def test_a_frozen_writer_of_a_date_is_taken_over_and_commits_nothing_after_it_thaws(tmp_path, fmt):
+    if fmt == "iceberg":
+        # The fence is TableCommits checking the lease before each decision, and the format's writer
+        # before each attempt (each format's: test_a_writer_whose_lease_was_taken_over_commits_nothing
+        # in test_table_writers.py): the delta run covers the takeover; CI's minutes go elsewhere.
+        pytest.skip("the takeover is format-independent: covered by the delta run")
     write_input(tmp_path / "in", [800])
     slow = {"predictor": "tests.support.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.4}}
     cfg = table_config(

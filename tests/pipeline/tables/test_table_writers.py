@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
+from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputSchemaError
 from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter, delta_storage_options
 from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter
 from airflow_provider_raybatch.pipeline.tables.writer_commits import RANGES_KEY, DataFile
@@ -105,6 +105,19 @@ def test_the_first_commit_creates_the_table_and_each_commit_is_applied_once(fmt,
     assert rows(fmt, tmp_path) == {"2026-11-24": [0, 1, 2, 3, 4]}
     assert w.applied() == 1
     assert commits_ranges(fmt, tmp_path) == [["r1"], ["r0"]]
+
+
+def test_a_writer_whose_lease_was_taken_over_commits_nothing(fmt, tmp_path):
+    w = writer(fmt, tmp_path, "out-24")
+    w.commit(0, [write_file(tmp_path, "2026-11-24", [0, 1], "part-r0")], {"ds": "2026-11-24"}, ["r0"])
+
+    def lost() -> None:
+        raise LeaseLostError("the lease was taken over")
+
+    w.fence = lost  # what the pipeline passes: the output's lease check, before each attempt
+    with pytest.raises(LeaseLostError):
+        w.commit(1, [write_file(tmp_path, "2026-11-24", [2], "part-r1")], {"ds": "2026-11-24"}, ["r1"])
+    assert rows(fmt, tmp_path) == {"2026-11-24": [0, 1]} and w.applied() == 0
 
 
 def test_a_commit_whose_reply_was_lost_is_found_applied_and_not_repeated(fmt, tmp_path, monkeypatch):
