@@ -32,6 +32,7 @@ from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     apply_once,
     columns_error,
     commit_metadata,
+    s3_settings,
 )
 
 
@@ -190,15 +191,14 @@ def delta_storage_options(url: str, options: Mapping[str, Any]) -> dict[str, str
                 "(GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY...)"
             )
         return {}
-    client = options.get("client_kwargs") or {}
-    mapped = {
-        "AWS_ACCESS_KEY_ID": options.get("key"),
-        "AWS_SECRET_ACCESS_KEY": options.get("secret"),
-        "AWS_SESSION_TOKEN": options.get("token"),
-        "AWS_ENDPOINT_URL": client.get("endpoint_url") or options.get("endpoint_url"),
-        "AWS_REGION": client.get("region_name"),
+    names = {
+        "key": "AWS_ACCESS_KEY_ID",
+        "secret": "AWS_SECRET_ACCESS_KEY",
+        "token": "AWS_SESSION_TOKEN",
+        "endpoint": "AWS_ENDPOINT_URL",
+        "region": "AWS_REGION",
     }
-    out = {k: str(v) for k, v in mapped.items() if v}
+    out = {names[name]: value for name, value in s3_settings(options).items()}
     if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
         out["AWS_ALLOW_HTTP"] = "true"
     return out

@@ -27,6 +27,7 @@ from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     apply_once,
     columns_error,
     commit_metadata,
+    s3_settings,
 )
 
 #: Properties of a table this writer creates. Each Iceberg commit writes the whole table metadata
@@ -209,15 +210,14 @@ def file_io_properties(url: str, options: Mapping[str, Any]) -> dict[str, str]:
     (an Airflow connection's credentials, an endpoint); S3 only, other stores use the environment's."""
     if not url.startswith(("s3://", "s3a://")) or not options:
         return {}
-    client = options.get("client_kwargs") or {}
-    mapped = {
-        "s3.access-key-id": options.get("key"),
-        "s3.secret-access-key": options.get("secret"),
-        "s3.session-token": options.get("token"),
-        "s3.endpoint": client.get("endpoint_url") or options.get("endpoint_url"),
-        "s3.region": client.get("region_name"),
+    names = {
+        "key": "s3.access-key-id",
+        "secret": "s3.secret-access-key",
+        "token": "s3.session-token",
+        "endpoint": "s3.endpoint",
+        "region": "s3.region",
     }
-    return {k: str(v) for k, v in mapped.items() if v}
+    return {names[name]: value for name, value in s3_settings(options).items()}
 
 
 def _without_retries(table: Any) -> None:

@@ -9,6 +9,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, StoreUnavailableError
 
@@ -33,6 +34,20 @@ class DataFile:
     path: str
     size: int
     rows: int
+
+
+def s3_settings(options: Mapping[str, Any]) -> dict[str, str]:
+    """The S3 credentials, endpoint and region in fsspec's options for a store (s3fs's names, as the
+    provider builds them from an Airflow connection), by a short name each table library maps to its own."""
+    client = options.get("client_kwargs") or {}
+    found = {
+        "key": options.get("key"),
+        "secret": options.get("secret"),
+        "token": options.get("token"),
+        "endpoint": client.get("endpoint_url") or options.get("endpoint_url"),
+        "region": client.get("region_name"),
+    }
+    return {name: str(value) for name, value in found.items() if value}
 
 
 def commit_metadata(writer_id: str, seq: int, ranges: Sequence[str]) -> dict[str, str]:
