@@ -189,6 +189,7 @@ def test_daily_dag_scores_the_day_s_digits_and_the_report_reads_its_asset_event(
     assert [e["extra"] for e in asset_events(PREDICTIONS_URI)] == [summary]
 
 
+@pytest.mark.usefixtures("ray_local", "airflow_db")
 def test_daily_table_dag_writes_a_partition_per_date_that_duckdb_reads(tmp_path):
     pytest.importorskip("deltalake")
     pytest.importorskip("duckdb")
