@@ -204,7 +204,7 @@ def holds(fs: AbstractFileSystem, path: str, data: bytes, *, retry_s: float | No
     :param retry_s: how long transient errors are retried (None: :func:`.retries.store_retry_seconds`).
     """
     try:
-        return retry_transient(lambda: fs.cat_file(path), f"reading back {path}", budget_s=retry_s) == data
+        return _read(fs, path, f"reading back {path}", budget_s=retry_s) == data
     except Exception:  # noqa: BLE001 - unknown: the caller treats the write as not resolved
         return False
 
@@ -217,7 +217,7 @@ def absent(fs: AbstractFileSystem, path: str) -> bool:
     delayed PUT land later all the same, readers check a record against its files).
     """
     try:
-        retry_transient(lambda: fs.cat_file(path, start=0, end=1), f"looking up {path}")
+        _read(fs, path, f"looking up {path}", end=1)
     except FileNotFoundError:
         return True
     except Exception:  # noqa: BLE001 - unknown: not resolved
@@ -245,4 +245,21 @@ def ls(fs: AbstractFileSystem, folder: str) -> list[str]:
 
 
 def read_json(fs: AbstractFileSystem, path: str) -> Any:
-    return json.loads(retry_transient(lambda: fs.cat_file(path), f"reading {path}"))
+    return json.loads(_read(fs, path, f"reading {path}"))
+
+
+def _read(
+    fs: AbstractFileSystem, path: str, what: str, *, budget_s: float | None = None, end: int | None = None
+) -> bytes:
+    """``path``'s bytes (up to ``end``) as the store holds them now, transient errors retried.
+
+    The folder's cached listing is dropped first: s3fs answers a whole-object read of a file
+    missing from a cached listing with FileNotFoundError without asking the store, so a file that
+    this process created after listing its folder, or another writer's, would read as absent.
+    """
+
+    def read() -> bytes:
+        fs.invalidate_cache(posixpath.dirname(path))
+        return fs.cat_file(path, start=None if end is None else 0, end=end)
+
+    return retry_transient(read, what, budget_s=budget_s)
