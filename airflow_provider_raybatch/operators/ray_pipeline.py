@@ -90,6 +90,11 @@ class RayPipelineOperator(BaseOperator):
     :param iceberg_conn_id: the Iceberg catalog's connection (:class:`~airflow_provider_raybatch.hooks.iceberg_catalog.IcebergCatalogHook`);
         when it does not exist, the SQL catalog on SQLite under ``$AIRFLOW_HOME/raybatch/iceberg/``.
     :param table_commit_interval: seconds between a table's commits while a run appends.
+    :param table_add_columns: when the output has columns the existing table lacks, and only that
+        (every column of the table still written, with its type), add them to the table (nullable:
+        its earlier rows read null in them) before the run's rows join it. Default False: a run
+        whose columns differ from the table's in any way fails with ``OutputSchemaError`` naming
+        them. Once added, a column is part of the table: every later run must write it.
     :param columns: input columns to read (None: all) (templated: a rendered ``"None"`` or ``""`` is
         None; a list renders as text unless the DAG sets ``render_template_as_native_obj=True``, and
         text is refused).
@@ -144,6 +149,8 @@ class RayPipelineOperator(BaseOperator):
     :param partition: one item of a planning task's result: process only its ranges. Set by
         dynamic task mapping: ``.partial(...).expand(partition=plan.output)``. Such a task never
         resets the output (``mode`` is applied by the planning task) and touches only its ranges.
+        With a table output, the mapped tasks write one partition of the table as their planning
+        task's writer (see docs/operators/tables.md).
     """
 
     template_fields: Sequence[str] = (
@@ -188,20 +195,16 @@ class RayPipelineOperator(BaseOperator):
         table_partition: dict[str, str] | None = None,
         iceberg_conn_id: str | None = IcebergCatalogHook.default_conn_name,
         table_commit_interval: float = DEFAULT_TABLE_COMMIT_INTERVAL_S,
+        table_add_columns: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if output_format != "parquet" and (plan_partitions is not None or partition is not None):
-            # Refused when the DAG is parsed: each table partition has one writer task (docs/operators/tables.md).
-            raise ValueError(
-                f"{self.task_id}: a {output_format} output does not take mapped partitions (plan_partitions, "
-                "partition) yet; write the table with one task per date"
-            )
         self.output_format = output_format
         self.table = table
         self.table_partition = {"ds": "{{ ds }}"} if table_partition is None else table_partition
         self.iceberg_conn_id = iceberg_conn_id
         self.table_commit_interval = table_commit_interval
+        self.table_add_columns = table_add_columns
         self.max_rows = max_rows
         self.max_error_fraction = max_error_fraction
         self.lease_timeout = lease_timeout
@@ -273,6 +276,18 @@ class RayPipelineOperator(BaseOperator):
             raise ConfigError(f"output_format must be one of {OUTPUT_FORMATS}, got {self.output_format!r}")
         ti = context["ti"]
         writer = f"{ti.dag_id}.{ti.task_id}" + (f".{ti.map_index}" if ti.map_index >= 0 else "")
+        generation = None
+        if self.partition is not None:
+            from airflow_provider_raybatch.pipeline.partitions import Partition
+
+            # The tasks of a mapped run write as one writer, their planning task, into its generation.
+            planned = Partition.from_dict(self.partition)
+            if planned.writer is None or planned.generation is None:
+                raise ConfigError(
+                    f"partition {planned.index} was planned for a Parquet folder: give the planning task "
+                    f"output_format={self.output_format!r} too"
+                )
+            writer, generation = planned.writer, planned.generation
         return TableOutput(
             self.output_format,  # type: ignore[arg-type]
             partition={str(k): str(v) for k, v in (self.table_partition or {}).items()},
@@ -282,6 +297,8 @@ class RayPipelineOperator(BaseOperator):
             if self.output_format == "iceberg"
             else {},
             commit_interval=self.table_commit_interval,
+            add_columns=self.table_add_columns,
+            generation=generation,
         )
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:

@@ -154,6 +154,12 @@ class TableOutput:
         never logged or sent in a job spec (it may hold a password).
     :param commit_interval: seconds between table commits while a run appends (``mode="resume"``);
         each adds every range committed since the last. An overwrite makes one commit at its end.
+    :param add_columns: when this run's output has columns the table lacks (and only that: every
+        column of the table with its type), add them to the table (nullable: its rows so far read
+        null in them) before this run's rows join it. False: such a run is refused, as any other
+        difference from the table's schema always is.
+    :param generation: set on the tasks of a mapped run (from their planned partition): the
+        generation that its planning task chose, which they write together (None: the run chooses).
     """
 
     format: Literal["delta", "iceberg"]
@@ -162,6 +168,8 @@ class TableOutput:
     identifier: str | None = None
     catalog: dict[str, Any] = field(default_factory=dict, repr=False)
     commit_interval: float = DEFAULT_TABLE_COMMIT_INTERVAL_S
+    add_columns: bool = False
+    generation: int | None = None
 
     def validate(self) -> None:
         if self.format not in OUTPUT_FORMATS[1:]:
@@ -182,6 +190,8 @@ class TableOutput:
             raise ConfigError(f"an iceberg output needs table='namespace.table', got {self.identifier!r}")
         if not _is_seconds(self.commit_interval):
             raise ConfigError(f"commit_interval must be a number of seconds > 0, got {self.commit_interval!r}")
+        if not isinstance(self.add_columns, bool):
+            raise ConfigError(f"add_columns must be True or False, got {self.add_columns!r}")
 
     def to_spec(self) -> dict[str, Any]:
         """As :meth:`BatchInferenceConfig.to_spec`: without the catalog's properties."""
@@ -278,10 +288,10 @@ class BatchInferenceConfig:
                 raise ConfigError(f"keep_columns {missing} are not among columns {self.columns}")
         if self.table is not None:
             self.table.validate()
-            if self.range_ids is not None:
+            if (self.range_ids is None) != (self.table.generation is None):
                 raise ConfigError(
-                    f"{self.table.format} outputs do not take mapped partitions yet: each task writes its own "
-                    "table partition (e.g. one per date)"
+                    f"a mapped partition of a {self.table.format} output needs both its range_ids and the "
+                    "generation its planning task chose: pass the partition plan_partitions returned"
                 )
 
     def to_spec(self) -> dict[str, Any]:

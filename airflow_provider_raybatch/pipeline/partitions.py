@@ -5,7 +5,9 @@
 own task with ``BatchInferenceConfig(range_ids=partition.range_ids)``: such a run never writes
 the plan or resets the output, and resumes, cleans up and commits only its own ranges, so
 partitions of one output run side by side safely. Together they write the same files as one run
-over every range: same range ids, same rows, each once.
+over every range: same range ids, same rows, each once. With a table output, the partitions carry
+the planning task's writer and the generation it chose (:mod:`.tables.staging`), which they write
+together.
 """
 
 from __future__ import annotations
@@ -29,12 +31,17 @@ class Partition:
     :param count: how many partitions there are.
     :param range_ids: its ranges, in plan order.
     :param rows: rows in its ranges.
+    :param writer: a table output's writer (:attr:`.TableOutput.writer`), the planning task's:
+        every partition's task stages its rows in that writer's folder.
+    :param generation: a table output's generation that the planning task chose.
     """
 
     index: int
     count: int
     range_ids: list[str]
     rows: int
+    writer: str | None = None
+    generation: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,6 +59,8 @@ class Partition:
             count=int(data.get("count", 1)),
             range_ids=range_ids,
             rows=int(data.get("rows", 0)),
+            writer=data.get("writer"),
+            generation=data.get("generation"),
         )
 
 
@@ -85,7 +94,12 @@ def plan_partitions(config: BatchInferenceConfig, partitions: int, *, ray_job: s
     ranges = run.plan.ranges
     count = min(partitions, len(ranges))
     groups = [ranges[i * len(ranges) // count : (i + 1) * len(ranges) // count] for i in range(count)]
-    result = [Partition(i, count, [r.id for r in group], sum(r.rows for r in group)) for i, group in enumerate(groups)]
+    writer = None if config.table is None else config.table.writer
+    generation = None if run.generation is None else run.generation.number
+    result = [
+        Partition(i, count, [r.id for r in group], sum(r.rows for r in group), writer, generation)
+        for i, group in enumerate(groups)
+    ]
     log.info(
         "Planned %d range(s) of %s into %d partition(s) of %s rows",
         len(ranges),

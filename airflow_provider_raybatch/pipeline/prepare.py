@@ -120,7 +120,7 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
         _check_partition_columns(config, keep)
         ledger, lease, generation = _open_staging(config, plan, out_fs, out_path, holder)
     try:
-        if generation is not None:
+        if generation is not None and config.range_ids is None:
             # mode applies to the generation (:func:`.tables.staging.open_generation`): within one, a
             # run resumes. Resetting it could delete files that the table's commits name.
             committed = _open_output(dataclasses.replace(config, mode="resume"), plan, ledger)
@@ -138,22 +138,30 @@ def prepare(config: BatchInferenceConfig, *, ray_job: str | None = None) -> Prep
 def _open_staging(
     config: BatchInferenceConfig, plan: Plan, fs: AbstractFileSystem, root: str, holder: LeaseHolder
 ) -> tuple[OutputLedger, Lease, Generation]:
-    """A table output: the writer's lease on its partition, and the ledger of the generation it writes.
+    """A table output: the writer's lease on its partition (or a mapped partition's task's lease on
+    its ranges), and the ledger of the generation it writes.
 
     An overwrite continues its own run's generation unless that was planned on another input or
     other settings: then, as a folder would be reset, it starts the next generation (the one it
-    leaves may have rows in the table already, so it is never reset).
+    leaves may have rows in the table already, so it is never reset). A mapped partition's task
+    writes the generation its planning task chose.
     """
-    from airflow_provider_raybatch.pipeline.tables.staging import lease_folder, open_generation
+    from airflow_provider_raybatch.pipeline.tables.staging import open_generation, planned_generation, writer_folder
     from airflow_provider_raybatch.pipeline.tables.table_commits import check_table_output
 
     table = config.table
     assert table is not None
     check_table_output(config)
+    # The writer's folder holds its leases as an output folder holds its own (:func:`_take_lease`).
+    writer = OutputLedger(fs, f"{root}/{writer_folder(table)}", config.output_path)
     what = f"{table.format} table {config.output_path}, partition {table.partition}, writer {table.writer!r}"
-    lease = Lease(fs, lease_folder(root, table), what, holder, config.lease_timeout)
-    lease.acquire()
+    lease = _take_lease(config, writer, holder, what)
     try:
+        if config.range_ids is not None:
+            generation = planned_generation(fs, root, table)
+            ledger = _staging_ledger(config, fs, root, generation, lease)
+            ledger.set_scope(config.range_ids)
+            return ledger, lease, generation
         generation = open_generation(fs, root, table, config.mode, config.run_key)
         ledger = _staging_ledger(config, fs, root, generation, lease)
         recorded = ledger.load_plan()
@@ -186,16 +194,21 @@ def _check_partition_columns(config: BatchInferenceConfig, keep: list[str]) -> N
         )
 
 
-def _take_lease(config: BatchInferenceConfig, ledger: OutputLedger, holder: LeaseHolder) -> Lease:
+def _take_lease(
+    config: BatchInferenceConfig, ledger: OutputLedger, holder: LeaseHolder, what: str | None = None
+) -> Lease:
     """The lease of the whole output, or of a partition's ranges; the ledger is fenced by it.
 
     A whole-output writer (a run, or the planning task of a mapped run) and a partition's writer
     exclude each other: each takes its own lease, then fails if the other kind is live.
+
+    :param what: the output, in messages (default: ``output <output_path>``).
     """
+    what = what or f"output {config.output_path}"
 
     def make(folder: str) -> Lease:
         partition = "" if folder == ledger.lease_folder() else f"partition {posixpath.basename(folder)} of "
-        return Lease(ledger.fs, folder, f"{partition}output {config.output_path}", holder, config.lease_timeout)
+        return Lease(ledger.fs, folder, f"{partition}{what}", holder, config.lease_timeout)
 
     whole = config.range_ids is None
     lease = make(ledger.lease_folder() if whole else ledger.lease_folder(config.range_ids))

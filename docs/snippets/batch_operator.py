@@ -59,6 +59,7 @@ with DAG(
         table_partition=None,  # a table's partition this task writes; default {"ds": "{{ ds }}"}
         iceberg_conn_id="iceberg_default",  # the Iceberg catalog; no such connection: SQLite under $AIRFLOW_HOME
         table_commit_interval=60,  # seconds between a table's commits while a run appends
+        table_add_columns=False,  # True: add the output's columns that an existing table lacks
         max_rows=None,  # a smoke run: only the input's first N rows (give it its own output path)
         ray_conn_id="ray_default",  # no such connection: local Ray; else a Ray Job on the cluster
         deferrable=False,  # on a cluster: wait in the triggerer instead of a worker slot

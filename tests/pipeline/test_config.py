@@ -7,6 +7,7 @@ import json
 import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, Stage, TransformStage
+from airflow_provider_raybatch.pipeline.config import TableOutput
 from tests.support.predictors import SumModel
 
 
@@ -66,3 +67,30 @@ def test_a_transform_stage_takes_a_factory_not_a_class():
         TransformStage(SumModel).validate()
     with pytest.raises(TypeError):
         Stage("tests.support.predictors:doubling_transform", transform=True)  # the flag is gone: the type says it
+
+
+def test_a_table_output_travels_with_its_options_but_without_its_catalog():
+    original = config(Stage("tests.support.predictors:Scale", {"factor": 2.0}))
+    original.table = TableOutput(
+        "iceberg",
+        {"ds": "2026-11-24"},
+        "daily.score",
+        identifier="ml.preds",
+        catalog={"type": "sql", "uri": "postgresql://iceberg:s3cr3t@db/catalog"},
+        add_columns=True,
+    )
+    spec = json.loads(json.dumps(original.to_spec()))
+    assert "s3cr3t" not in json.dumps(spec)
+    # What a Ray Job's driver builds from the spec (pipeline/job.py).
+    restored = BatchInferenceConfig.from_spec(spec)
+    assert restored.table.add_columns is True and restored.table.catalog == {}
+    restored.validate()
+    assert BatchInferenceConfig.from_spec({**spec, "table": {**spec["table"], "add_columns": False}}).table == (
+        TableOutput("iceberg", {"ds": "2026-11-24"}, "daily.score", identifier="ml.preds")
+    )
+
+
+def test_add_columns_must_be_true_or_false():
+    assert TableOutput("delta", {"ds": "2026-11-24"}, "daily.score").add_columns is False
+    with pytest.raises(ConfigError, match="add_columns must be True or False, got 'yes'"):
+        TableOutput("delta", {"ds": "2026-11-24"}, "daily.score", add_columns="yes").validate()  # type: ignore[arg-type]

@@ -72,7 +72,8 @@ def read_table(tmp_path: Path, fmt: str, ds: str | None = None, catalog: dict[st
     if not files:
         return pa.table({})
     with duckdb.connect() as db:
-        # The file's own ds column, not one made up from the path's ds=... folder.
-        rows = db.read_parquet(files, hive_partitioning=False).to_arrow_table()
+        # The file's own ds column, not one made up from the path's ds=... folder; columns matched
+        # by name, as the table's readers do: a column added to the table reads null in older files.
+        rows = db.read_parquet(files, hive_partitioning=False, union_by_name=True).to_arrow_table()
     rows = pa.table(rows)
     return rows if ds is None else rows.filter(pc.equal(rows["ds"], ds))

@@ -14,6 +14,14 @@ reading again, finds its number applied or commits after the winner.
 
 Readers see a table commit whole or not at all: rows appear a commit at a time, and a partition's
 replacement removes its old files and adds the new ones in one commit.
+
+Two writers never both create one version of the log: delta-rs writes a version with the store's
+create-if-absent PUT, and the store refuses the second (S3: ``If-None-Match: *``; GCS: the XML API's
+``x-goog-if-generation-match: 0``, 412; Azure Blob / ADLS Gen2: ``If-None-Match: *``). No lock or
+locking service is involved on GCS and Azure (delta-rs's default log store); the loser reads the
+winner's commit and tries the next version, or fails with ``CommitFailedError`` as above. The
+store's options (from the same connections as folder outputs) are mapped by
+:func:`.delta_storage.delta_storage_options`.
 """
 
 from __future__ import annotations
@@ -25,15 +33,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_raybatch.pipeline.errors import ConfigError
-from airflow_provider_raybatch.pipeline.store.urls import store_of
+from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     DataFile,
     apply_once,
-    columns_error,
+    columns_to_add,
     commit_metadata,
-    s3_settings,
 )
+
+__all__ = ["DeltaTableWriter", "delta_storage_options"]  # the storage options live in delta_storage.py
 
 
 class DeltaTableWriter:
@@ -48,6 +56,9 @@ class DeltaTableWriter:
     :param storage_options: delta-rs's options for the store (credentials, endpoint).
     :param fence: called before each attempt at a commit; raises when this writer may no longer
         commit (its output's lease was taken over).
+    :param add_columns: add the columns of ``schema`` that the table lacks (nullable) before a
+        commit of files, when they are its only difference from the table's schema; False: refuse
+        any difference.
     """
 
     def __init__(
@@ -59,9 +70,10 @@ class DeltaTableWriter:
         storage_options: Mapping[str, str] | None = None,
         *,
         fence: Callable[[], None] = lambda: None,
+        add_columns: bool = False,
     ):
         self.uri, self.schema, self.partition_by = uri, schema, list(partition_by)
-        self.writer_id, self.fence = writer_id, fence
+        self.writer_id, self.fence, self.add_columns = writer_id, fence, add_columns
         self.storage_options = dict(storage_options or {})
 
     def applied(self) -> int:
@@ -123,11 +135,20 @@ class DeltaTableWriter:
                 return True if self._create(adds, properties) else None  # None: another writer created it
             if _applied(table, self.writer_id) >= seq:
                 return False
-            self._check_schema(table)
+            new_columns = self._check_schema(table)
+            if new_columns:
+                # A commit of its own, before the files': one that races another writer's commit
+                # fails (delta-rs refuses a commit after a metadata change it did not read), and
+                # the next attempt reads the table again and finds the columns added, by whichever
+                # writer (a retry, or another date adding the same column).
+                self._add_columns(table, new_columns)
+                return None
             table.create_write_transaction(
                 adds,
                 mode="overwrite" if replace_partition else "append",
-                schema=self.schema or pa.schema(table.schema().to_arrow()),
+                # The table's own schema: the output's columns may be in another order (an added
+                # column goes last); delta-rs reads the files' columns by name.
+                schema=table.schema(),
                 partition_by=self.partition_by,
                 partition_filters=[(k, "=", v) for k, v in partition.items()] if replace_partition else None,
                 commit_properties=properties,
@@ -167,41 +188,40 @@ class DeltaTableWriter:
             return False
         return True
 
-    def _check_schema(self, table: Any) -> None:
+    def _check_schema(self, table: Any) -> list[Any]:
+        """The output's fields to add to the table (``add_columns``): none when it has the output's columns.
+
+        :raises OutputSchemaError: the table's columns differ from the output's otherwise.
+        """
         from deltalake import Schema
 
-        if self.schema is not None and table.schema() != Schema.from_arrow(self.schema):
-            found = {f.name: str(f.type) for f in pa.schema(table.schema().to_arrow())}
-            raise columns_error(f"Delta table {self.uri}", found, {f.name: str(f.type) for f in self.schema})
+        if self.schema is None:
+            return []
+        output = Schema.from_arrow(self.schema)
+        if table.schema() == output:
+            return []
+        # Delta's fields (type and nullability) decide; the error shows Arrow's types.
+        found = {f.name: f for f in table.schema().fields}
+        expected = {f.name: f for f in output.fields}
+        shown = (_shown(pa.schema(table.schema().to_arrow())), _shown(self.schema))
+        new = columns_to_add(
+            f"Delta table {self.uri}",
+            found,
+            expected,
+            add_columns=self.add_columns,
+            not_null=[f.name for f in output.fields if not f.nullable],
+            shown=shown,
+        )
+        return [expected[name] for name in new]
+
+    def _add_columns(self, table: Any, fields: list[Any]) -> None:
+        """Add ``fields`` (Delta fields, nullable) to the table's schema, in a commit of their own."""
+        table.alter.add_columns(fields)
 
 
-def delta_storage_options(url: str, options: Mapping[str, Any]) -> dict[str, str]:
-    """delta-rs's options for ``url`` from the fsspec options the provider builds for its stores
-    (an Airflow connection's credentials, an endpoint).
-
-    delta-rs commits to S3 with conditional PUTs (``If-None-Match``): two writers can never both
-    create one version of the log, with no locking service.
-    """
-    if not url.startswith(("s3://", "s3a://")):
-        if options:
-            store = store_of(url)
-            raise ConfigError(
-                f"{store.conn_arg if store else 'storage options'} for a Delta table on {url.split('://')[0]}:// is not "
-                "supported yet: leave it unset, and delta-rs reads the environment's credentials "
-                "(GOOGLE_APPLICATION_CREDENTIALS; AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY...)"
-            )
-        return {}
-    names = {
-        "key": "AWS_ACCESS_KEY_ID",
-        "secret": "AWS_SECRET_ACCESS_KEY",
-        "token": "AWS_SESSION_TOKEN",
-        "endpoint": "AWS_ENDPOINT_URL",
-        "region": "AWS_REGION",
-    }
-    out = {names[name]: value for name, value in s3_settings(options).items()}
-    if out.get("AWS_ENDPOINT_URL", "").startswith("http://"):
-        out["AWS_ALLOW_HTTP"] = "true"
-    return out
+def _shown(schema: pa.Schema) -> dict[str, str]:
+    """A schema's columns as errors name them: the type, and whether it may hold nulls when it may not."""
+    return {f.name: str(f.type) + ("" if f.nullable else " not null") for f in schema}
 
 
 def _applied(table: Any, writer_id: str) -> int:

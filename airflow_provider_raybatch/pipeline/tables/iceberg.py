@@ -20,12 +20,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
 from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     SEQ_KEY,
     WRITER_KEY,
     DataFile,
     apply_once,
     columns_error,
+    columns_to_add,
     commit_metadata,
     s3_settings,
 )
@@ -50,7 +52,7 @@ class IcebergTableWriter:
     :param schema: the table's schema, partition columns included.
     :param partition_by: the partition columns; each data file holds one value of each (Iceberg
         reads a file's partition from its column statistics).
-    :param writer_id, fence: as for :class:`.delta.DeltaTableWriter`.
+    :param writer_id, fence, add_columns: as for :class:`.delta.DeltaTableWriter`.
     """
 
     def __init__(
@@ -63,9 +65,11 @@ class IcebergTableWriter:
         writer_id: str,
         *,
         fence: Callable[[], None] = lambda: None,
+        add_columns: bool = False,
     ):
         self.catalog, self.identifier, self.location, self.schema = catalog, identifier, location.rstrip("/"), schema
         self.partition_by, self.writer_id, self.fence = list(partition_by), writer_id, fence
+        self.add_columns = add_columns
 
     def applied(self) -> int:
         """The highest commit number of this writer in the table's current history; -1 for none."""
@@ -107,7 +111,7 @@ class IcebergTableWriter:
 
         properties = commit_metadata(self.writer_id, seq, ranges)
 
-        def attempt() -> bool:
+        def attempt() -> bool | None:
             self.fence()
             table = self._load()
             if table is None:
@@ -116,7 +120,13 @@ class IcebergTableWriter:
                 table = self._create()
             if self._applied(table) >= seq:
                 return False
-            self._check_schema(table)
+            new_columns = self._check_schema(table)
+            if new_columns:
+                # A catalog commit of its own, before the files': one that races another writer's
+                # schema change fails (CommitFailedException: the schema it read is not current),
+                # and the next attempt reads the table again and finds the columns added.
+                self._add_columns(table, new_columns)
+                return None
             _without_retries(table)
             with table.transaction() as tx:
                 if replace_partition:
@@ -179,13 +189,49 @@ class IcebergTableWriter:
                 raise
         return self.catalog.load_table(self.identifier)
 
-    def _check_schema(self, table: Any) -> None:
+    def _check_schema(self, table: Any) -> list[pa.Field]:
+        """The output's fields to add to the table (``add_columns``): none when it has the output's columns.
+
+        :raises OutputSchemaError: the table's columns differ from the output's otherwise.
+        """
         if self.schema is None:
-            return
+            return []
         found = {f.name: _type_name(f.type) for f in table.schema().as_arrow()}
         expected = {f.name: _type_name(f.type) for f in self.schema}
-        if found != expected:
-            raise columns_error(f"Iceberg table {self.identifier}", found, expected)
+        new = columns_to_add(
+            f"Iceberg table {self.identifier}",
+            found,
+            expected,
+            add_columns=self.add_columns,
+            not_null=[f.name for f in self.schema if not f.nullable],
+        )
+        return [self.schema.field(name) for name in new]
+
+    def _add_columns(self, table: Any, fields: list[pa.Field]) -> None:
+        """Add ``fields`` to the table's schema (optional columns: the rows so far read null in them).
+
+        pyiceberg extends the table's name mapping (``schema.name-mapping.default``) in the same
+        commit: the files added by ``add_files`` carry no field ids, and are read by those names.
+        """
+        from pyiceberg.io.pyarrow import UnsupportedPyArrowTypeException
+
+        tx = table.transaction()
+        try:
+            with tx.update_schema() as update:
+                update.union_by_name(pa.schema(fields))
+        except (UnsupportedPyArrowTypeException, TypeError, ValueError) as e:  # a type Iceberg has not
+            raise OutputSchemaError(
+                f"the output's column(s) {[f.name for f in fields]} cannot be added to the Iceberg table "
+                f"{self.identifier}: {e}"
+            ) from e
+        # A type that Iceberg would keep as another (uint64 as int64, a dictionary as its values)
+        # would leave the table with a column no run can write: refused before the commit.
+        staged = {f.name: _type_name(f.type) for f in tx.table_metadata.schema().as_arrow()}
+        expected = {f.name: _type_name(f.type) for f in fields}
+        wrong = [f.name for f in fields if staged.get(f.name) != expected[f.name]]
+        if wrong:
+            raise columns_error(f"Iceberg table {self.identifier} (as it would keep them)", staged, expected, wrong)
+        tx.commit_transaction()
 
 
 def load_catalog(properties: Mapping[str, Any]) -> Any:

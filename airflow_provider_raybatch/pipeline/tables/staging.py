@@ -4,6 +4,8 @@ Layout under the table's root (Delta) or location (Iceberg), per partition and w
 
     <column>=<value>/<writer key>/_raybatch/lease/          the lease of every run of this writer on
                                                              this partition: one at a time, fenced
+    <column>=<value>/<writer key>/_raybatch/leases/<key>/   the lease of one mapped partition's task
+                                                             (its ranges), as for a folder output
     <column>=<value>/<writer key>/_raybatch/generation.json  the generation being written
     <column>=<value>/<writer key>/g<N>/                      generation N: a Parquet output of its own
                                                              (part files, ``_rejects/``, ``_raybatch/``
@@ -19,6 +21,11 @@ until then the table's readers see the previous generation's rows, whose files a
 they are (the table's history still names them, for time travel; the table's own maintenance,
 VACUUM or orphan-file removal, deletes them once it may). The folders starting with ``_`` are
 hidden from both formats' maintenance and readers.
+
+A mapped run (``plan_partitions``) is one writer, its planning task's: that task chooses the
+generation under the writer's lease and records its plan; each partition's task then takes the
+lease of its ranges (the writer's lease and those exclude each other, as for a folder output)
+and writes into that generation, which it checks is still the current one.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR
 from airflow_provider_raybatch.pipeline.config import TableOutput
-from airflow_provider_raybatch.pipeline.store.files import read_json, write_json
+from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.store.files import exists, read_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -63,24 +71,16 @@ def writer_folder(table: TableOutput) -> str:
     return f"{partition}/{readable}-{digest}"
 
 
-def lease_folder(root: str, table: TableOutput) -> str:
-    """The folder of the lease that every run of the writer on the partition takes."""
-    return f"{root}/{writer_folder(table)}/{META_DIR}/lease"
-
-
 def open_generation(
     fs: AbstractFileSystem, root: str, table: TableOutput, mode: str, run_key: str | None, *, new: bool = False
 ) -> Generation:
     """The generation this run writes: the current one, or (``mode="overwrite"`` from another run,
     or ``new``) the next one.
 
-    Called under the writer's lease (:func:`lease_folder`): the choice and its record are this
-    writer's alone.
+    Called under the writer's lease: the choice and its record are this writer's alone.
     """
-    folder = f"{root}/{writer_folder(table)}"
-    record_path = f"{folder}/{META_DIR}/generation.json"
-    fs.invalidate_cache(f"{folder}/{META_DIR}")
-    current: dict[str, Any] | None = read_json(fs, record_path) if fs.exists(record_path) else None
+    record_path = _record_path(root, table)
+    current = _current(fs, record_path)
     same_run = current is not None and run_key is not None and current["run_key"] == run_key
     if current is not None and not new and (mode != "overwrite" or same_run):
         return _generation(table, current)
@@ -95,6 +95,32 @@ def open_generation(
         )
     write_json(fs, record_path, record)
     return _generation(table, record)
+
+
+def planned_generation(fs: AbstractFileSystem, root: str, table: TableOutput) -> Generation:
+    """The generation a mapped partition's task writes: the one its planning task chose
+    (``table.generation``), which must still be the writer's current one.
+
+    :raises ConfigError: it is not (the planning task ran again since: its partitions are another
+        generation's), or nothing was planned.
+    """
+    current = _current(fs, _record_path(root, table))
+    if current is None or current["number"] != table.generation:
+        found = "none" if current is None else f"generation {current['number']}"
+        raise ConfigError(
+            f"this partition of table {root}, partition {table.partition}, writer {table.writer!r} was planned "
+            f"for generation {table.generation}, and the writer's current one is {found}: the planning task "
+            "ran again since (or never ran); rerun the planning task, then its partitions' tasks"
+        )
+    return _generation(table, current)
+
+
+def _record_path(root: str, table: TableOutput) -> str:
+    return f"{root}/{writer_folder(table)}/{META_DIR}/generation.json"
+
+
+def _current(fs: AbstractFileSystem, record_path: str) -> dict[str, Any] | None:
+    return read_json(fs, record_path) if exists(fs, record_path) else None
 
 
 def _generation(table: TableOutput, record: dict[str, Any]) -> Generation:

@@ -80,9 +80,8 @@ class TableCommits:
     def catch_up(self) -> None:
         """Apply the intents that earlier tries left, in order (each is skipped if it landed)."""
         with self._lock:
-            self._load_intents()
-            for intent in self.intents:
-                self._apply(intent)
+            self.intents = []
+            self._apply_new_intents()
 
     def commit(self, *, final: bool = False) -> None:
         """Commit the recorded ranges that no intent holds yet (a replacing generation: only when ``final``)."""
@@ -92,8 +91,10 @@ class TableCommits:
                 raise failure
             if self.generation.replace and not final:
                 return
-            records = self.recorded()
-            while True:
+            records = self._to_commit()
+            while records is not None:
+                # The tasks of a mapped run share the generation's commits: apply what the others decided first.
+                self._apply_new_intents()
                 held = {range_id for intent in self.intents for range_id in intent["ranges"]}
                 new = {range_id: r for range_id, r in records.items() if range_id not in held}
                 with_files = {range_id: r for range_id, r in new.items() if _data_files(r)}
@@ -109,8 +110,7 @@ class TableCommits:
                 self.ledger.fence()
                 path = f"{self.folder}/{intent['seq']:08d}.json"
                 if not create_file(self.ledger.fs, path, json.dumps(intent, sort_keys=True).encode()):
-                    # Another try of this generation decided this number first: apply its commit, then go on.
-                    intent = read_json(self.ledger.fs, path)
+                    continue  # another task or try decided this number first: its commit is applied next
                 crash_point("table_intent")
                 self.intents.append(intent)
                 self._apply(intent)
@@ -138,13 +138,35 @@ class TableCommits:
                 self._failure = e
                 return
 
-    def _load_intents(self) -> None:
+    def _to_commit(self) -> Records | None:
+        """The ranges to commit: this run's recorded ones; for a mapped run's replacing generation,
+        every range of the plan once all are recorded (None before: the last task to finish commits)."""
+        if not (self.generation.replace and self.config.range_ids is not None):
+            return self.recorded()
+        records = self.ledger.committed()
+        plan = self.ledger.load_plan()
+        missing = [] if plan is None else [r for r in plan.range_ids() if r not in records]
+        if missing:
+            log.info(
+                "%d range(s) of other partitions of %s are not committed yet: the partition's task that "
+                "finishes last replaces the table partition with all of them",
+                len(missing),
+                self.generation.writer_id,
+            )
+            return None
+        return records
+
+    def _apply_new_intents(self) -> None:
+        """Read the intents decided since this writer last read them, and apply those, in order."""
         self.ledger.fs.invalidate_cache(self.folder)
         paths = sorted(p for p in ls(self.ledger.fs, self.folder) if p.endswith(".json"))
-        self.intents = [read_json(self.ledger.fs, p) for p in paths]
+        known = len(self.intents)
+        self.intents += [read_json(self.ledger.fs, p) for p in paths[known:]]
         for n, intent in enumerate(self.intents):
             if intent["seq"] != n:
                 raise RuntimeError(f"table commit intents of {self.ledger.display_path} are not numbered 0..n: {paths}")
+        for intent in self.intents[known:]:
+            self._apply(intent)
 
     def _apply(self, intent: dict[str, Any]) -> None:
         writer = self._open_writer()
@@ -169,7 +191,9 @@ class TableCommits:
         """The records' data files, relative to the table's root, with their sizes and row counts."""
         fs, root = self.ledger.fs, self.ledger.root
         fs.invalidate_cache(root)
-        sizes = {posixpath.basename(e["name"]): int(e["size"]) for e in fs.ls(root, detail=True)}
+        # Files only: adlfs lists the staging's sub-folders (_raybatch/, _rejects/) with no size.
+        entries = fs.ls(root, detail=True)
+        sizes = {posixpath.basename(e["name"]): int(e["size"]) for e in entries if e.get("type") != "directory"}
         out = []
         for record in records.values():
             names = _data_files(record)
@@ -230,7 +254,9 @@ def open_table_writer(
         from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter, delta_storage_options
 
         options = delta_storage_options(config.output_path, options_for(config.output_path, config.storage_options))
-        return DeltaTableWriter(config.output_path, schema, partition_by, writer_id, options, fence=fence)
+        return DeltaTableWriter(
+            config.output_path, schema, partition_by, writer_id, options, fence=fence, add_columns=table.add_columns
+        )
     from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter, file_io_properties, load_catalog
 
     # pyiceberg names local files by URL: the table's files are found however the path was given.
@@ -245,4 +271,5 @@ def open_table_writer(
         partition_by,
         writer_id,
         fence=fence,
+        add_columns=table.add_columns,
     )

@@ -7,7 +7,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +55,72 @@ def commit_metadata(writer_id: str, seq: int, ranges: Sequence[str]) -> dict[str
     return {WRITER_KEY: writer_id, SEQ_KEY: str(seq), RANGES_KEY: json.dumps(list(ranges))}
 
 
-def columns_error(table: str, found: Mapping[str, str], expected: Mapping[str, str]) -> OutputSchemaError:
-    """The error for a table whose columns (name: type) are not the output's, naming those that differ."""
-    differ = [n for n in dict.fromkeys([*expected, *found]) if expected.get(n) != found.get(n)]
+#: How the option that adds an output's new columns to its table is named, in errors.
+ADD_COLUMNS_OPTION = "table_add_columns=True (TableOutput.add_columns)"
+
+
+def columns_error(
+    table: str,
+    found: Mapping[str, str],
+    expected: Mapping[str, str],
+    differ: Sequence[str] | None = None,
+    *,
+    add_columns: bool = False,
+) -> OutputSchemaError:
+    """The error for a table whose columns (name: type) are not the output's, naming those that differ.
+
+    :param differ: the columns that differ (None: those whose types in ``found`` and ``expected`` differ).
+    :param add_columns: whether the run was allowed to add columns (the error says what it cannot do).
+    """
+    if differ is None:
+        differ = [n for n in dict.fromkeys([*expected, *found]) if expected.get(n) != found.get(n)]
     named = ", ".join(f"{n} (table: {found.get(n, 'missing')}, output: {expected.get(n, 'missing')})" for n in differ)
-    return OutputSchemaError(f"the {table} has columns that differ from this output's: {named or 'in nullability'}")
+    message = f"the {table} has columns that differ from this output's: {named or 'in nullability'}"
+    if differ and all(n not in found for n in differ):
+        message += f"; set {ADD_COLUMNS_OPTION} to add the output's new columns to the table"
+    elif add_columns:
+        message += (
+            f"; {ADD_COLUMNS_OPTION} only adds new columns: every column of the table must be written, with its type"
+        )
+    return OutputSchemaError(message)
+
+
+def columns_to_add(
+    table: str,
+    found: Mapping[str, Any],
+    expected: Mapping[str, Any],
+    *,
+    add_columns: bool,
+    not_null: Collection[str] = (),
+    shown: tuple[Mapping[str, str], Mapping[str, str]] | None = None,
+) -> list[str]:
+    """The output's columns that the table lacks, to add to it before a commit of the output's files.
+
+    Columns are matched by name, in any order (both formats read a file's columns by name, and a
+    column added to a table goes after its others).
+
+    :param table: the table, as errors name it.
+    :param found: the table's columns, name -> what the format compares (a type, or a field).
+    :param expected: the output's columns, likewise.
+    :param add_columns: whether new columns may be added (else any difference is refused).
+    :param not_null: the output's columns that hold no nulls by their type: never added, as the
+        table's rows so far would read null in them.
+    :param shown: ``found`` and ``expected`` as the error shows them (default: as given).
+    :return: the new columns, in the output's order (empty when the table has the output's columns).
+    :raises OutputSchemaError: the columns differ otherwise, or new ones may not be added.
+    """
+    differ = [n for n in dict.fromkeys([*expected, *found]) if n not in found or expected.get(n) != found[n]]
+    new = [n for n in differ if n not in found]
+    if differ and (not add_columns or differ != new):
+        found_shown, expected_shown = shown or (found, expected)
+        raise columns_error(table, found_shown, expected_shown, differ, add_columns=add_columns)
+    refused = [n for n in new if n in not_null]
+    if refused:
+        raise OutputSchemaError(
+            f"the output's column(s) {refused} are not nullable: a column added to the {table} must be nullable "
+            "(the table's rows so far read null in it); make the output's column nullable"
+        )
+    return new
 
 
 def apply_once(attempt: Callable[[], bool | None], conflicts: tuple[type[BaseException], ...], what: str) -> bool:

@@ -12,15 +12,16 @@ import subprocess
 import sys
 import time
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_raybatch.pipeline.errors import ConfigError, LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, LeaseLostError, OutputBusyError, OutputSchemaError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.tables.table_commits import open_table_writer
 from airflow_provider_raybatch.pipeline.tables.verify import verify_table
 from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
-from tests.support.data import assert_exactly_once, write_input
+from tests.support.data import assert_exactly_once, features_table, write_input
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, kill_leftovers, run_in_subprocess
 from tests.support.tables import FORMATS, IDENTIFIER, read_table, snapshot_files, table_config, table_spec
 
@@ -286,3 +287,95 @@ def test_an_overwrite_whose_input_changed_between_tries_starts_a_new_generation(
     assert summary.rows_out == 200
     assert_exactly_once(read_table(tmp_path, fmt), range(200))
     assert all("/g1/" in f for f in snapshot_files(tmp_path, fmt))
+
+
+def test_a_run_with_a_new_column_is_refused_unless_it_may_add_it_and_then_older_rows_read_null(tmp_path, fmt):
+    write_input(tmp_path / "in", [300])
+    run_batch_inference(table_config(tmp_path, fmt, DS, keep_columns=["group"], run_key="run-1"))
+    wider = table_config(tmp_path, fmt, OTHER_DS, keep_columns=["group", "features"], run_key="run-2")
+    with pytest.raises(OutputSchemaError, match=r"features \(table: missing, output: .*table_add_columns=True"):
+        run_batch_inference(wider)
+    assert read_table(tmp_path, fmt, OTHER_DS).num_rows == 0  # nothing of the date joined the table
+    assert "features" not in read_table(tmp_path, fmt).column_names
+
+    # The same run again with the option (the task fixed and cleared): its staged ranges join the table.
+    wider.table.add_columns = True
+    summary = run_batch_inference(wider)
+    assert summary.ranges_skipped == 3 and summary.rows_processed == 0
+    expected = dict(zip(range(300), features_table(300)["features"].to_pylist(), strict=True))
+    readers = {"duckdb": read_table(tmp_path, fmt)}
+    if fmt == "iceberg":
+        from airflow_provider_raybatch.pipeline.tables.iceberg import load_catalog
+
+        # pyiceberg reads the staged files (no field ids) by the table's name mapping.
+        readers["pyiceberg"] = load_catalog(wider.table.catalog).load_table(IDENTIFIER).scan().to_arrow()
+    for name, rows in readers.items():
+        for ds, features in ((DS, None), (OTHER_DS, expected)):
+            date = rows.filter(pc.equal(rows["ds"], ds))
+            assert_exactly_once(date, range(300))
+            got = dict(zip(date["id"].to_pylist(), date["features"].to_pylist(), strict=True))
+            assert got == (features or dict.fromkeys(range(300))), f"{name}: features of {ds}"
+    assert verify_table(wider) == []
+    # A run of another date without the column is refused now: the table has it.
+    with pytest.raises(OutputSchemaError, match=r"features \(table: .*, output: missing\)"):
+        run_batch_inference(table_config(tmp_path, fmt, THIRD_DS, keep_columns=["group"], run_key="run-3"))
+
+
+def test_mapped_partitions_of_a_date_commit_into_one_table(tmp_path, fmt):
+    """A mapped run writes one table partition from several tasks: the planning task chooses the
+    generation; its partitions' tasks, at once in processes of their own, share its commits (each
+    range in one commit, every row once); an overwrite replaces the date in one commit, made by
+    the task that finishes last; a partition planned for an older generation is refused."""
+    from airflow_provider_raybatch.pipeline.partitions import plan_partitions
+
+    write_input(tmp_path / "in", [300, 300])
+    cfg = table_config(tmp_path, fmt, keep_columns=["group"], run_key="daily/run-1/plan/-1")
+    parts = plan_partitions(cfg, 3)
+    assert [p.generation for p in parts] == [0, 0, 0] and {p.writer for p in parts} == {cfg.table.writer}
+
+    def spec(part, commit_interval):
+        table = {**table_spec(cfg), "generation": part.generation, "commit_interval": commit_interval}
+        return {"table": table, "range_ids": part.range_ids, "keep_columns": ["group"], "output_path": cfg.output_path}
+
+    runs = [
+        run_in_subprocess(
+            tmp_path,
+            "tests.support.predictors:score",
+            {},
+            wait=False,
+            env={"RAYBATCH_LOCAL_RAY": "shared", **RECORD_EACH_RANGE},
+            run_key=f"daily/run-1/score/{part.index}",
+            **spec(part, 0.2),  # commits as ranges are recorded: the tasks race for the commits' numbers
+        )
+        for part in parts
+    ]
+    for proc in runs:
+        output = proc.communicate(timeout=300)[0]
+        kill_leftovers(proc.ray_tmp)
+        assert proc.returncode == 0, output
+    made = intents(tmp_path)
+    committed = [r for intent in made for r in intent["ranges"]]
+    assert sorted(committed) == sorted(r for p in parts for r in p.range_ids)  # each range in one commit
+    assert [intent["seq"] for intent in made] == list(range(len(made)))
+    assert verify_table(cfg) == []
+    assert_exactly_once(read_table(tmp_path, fmt), range(600))
+
+    # Another run overwrites the date on new input: until its last partition's task ends, readers see the old rows.
+    write_input(tmp_path / "in", [200, 200])
+    rerun = dataclasses.replace(cfg, mode="overwrite", run_key="daily/run-2/plan/-1")
+    new_parts = plan_partitions(rerun, 3)
+    assert {p.generation for p in new_parts} == {1}
+    for n, part in enumerate(new_parts):
+        table = dataclasses.replace(rerun.table, generation=part.generation)
+        run_key = f"daily/run-2/score/{part.index}"
+        summary = run_batch_inference(
+            dataclasses.replace(rerun, table=table, range_ids=part.range_ids, run_key=run_key)
+        )
+        last = n == len(new_parts) - 1
+        assert (summary.table_version is not None) == last
+        assert_exactly_once(read_table(tmp_path, fmt), range(400) if last else range(600))
+    assert all("/g1/" in f for f in snapshot_files(tmp_path, fmt))
+    assert verify_table(cfg) == []
+    with pytest.raises(ConfigError, match="was planned for generation 0, and the writer's current one is generation 1"):
+        table = dataclasses.replace(cfg.table, generation=0)
+        run_batch_inference(dataclasses.replace(cfg, table=table, range_ids=parts[0].range_ids))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fsspec
@@ -42,12 +44,22 @@ def catalog(root: Path):
     return SqlCatalog("raybatch", uri=f"sqlite:///{root}/catalog.db", warehouse=f"file://{root}/warehouse")
 
 
-def writer(fmt: str, root: Path | str, writer_id: str, schema: pa.Schema = SCHEMA, options: dict | None = None):
+def writer(
+    fmt: str,
+    root: Path | str,
+    writer_id: str,
+    schema: pa.Schema = SCHEMA,
+    options: dict | None = None,
+    add_columns: bool = False,
+):
     if fmt == "delta":
         pytest.importorskip("deltalake")
-        return DeltaTableWriter(str(root), schema, ["ds"], writer_id, delta_storage_options(str(root), options or {}))
+        storage = delta_storage_options(str(root), options or {})
+        return DeltaTableWriter(str(root), schema, ["ds"], writer_id, storage, add_columns=add_columns)
     pytest.importorskip("pyiceberg")
-    return IcebergTableWriter(catalog(root), IDENTIFIER, f"file://{root}", schema, ["ds"], writer_id)
+    return IcebergTableWriter(
+        catalog(root), IDENTIFIER, f"file://{root}", schema, ["ds"], writer_id, add_columns=add_columns
+    )
 
 
 def snapshot(fmt: str, root: Path | str, version: int | None = None, options: dict | None = None) -> pa.Table:
@@ -219,3 +231,173 @@ def test_a_delta_table_on_s3_commits_once_and_racing_writers_all_land(s3_server)
     assert w.commit(0, [first], {"ds": "2026-11-24"}, ["r0"]) is False
     assert rows("delta", f"{root}/scores", options=s3_server) == {"2026-11-24": [0, 1, 2]}
     race("delta", f"{root}/raced", s3_server)
+
+
+#: SCHEMA with four more columns, two of them between its own (a table adds new columns last).
+WIDE = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("label", pa.string()),
+        ("score", pa.float32()),
+        ("rank", pa.int16()),
+        ("vec", pa.list_(pa.float32(), 2)),
+        ("meta", pa.struct([("a", pa.int8()), ("b", pa.string())])),
+        ("ds", pa.string()),
+    ]
+)
+NEW_COLUMNS = ["label", "rank", "vec", "meta"]
+
+
+def write_wide_file(root: Path, ds: str, ids: list[int], name: str) -> DataFile:
+    """A data file with :data:`WIDE`'s columns."""
+    values = {
+        "id": ids,
+        "label": [f"l{i}" for i in ids],
+        "score": [i / 2 for i in ids],
+        "rank": ids,
+        "vec": [[i, -i] for i in ids],
+        "meta": [{"a": i, "b": str(i)} for i in ids],
+        "ds": [ds] * len(ids),
+    }
+    path = root / f"ds={ds}" / f"{name}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(values, schema=WIDE), path)
+    return DataFile(f"ds={ds}/{name}.parquet", path.stat().st_size, len(ids))
+
+
+def table_columns(fmt: str, root: Path) -> list[str]:
+    """The columns of the table's current schema, in its order."""
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        return [f.name for f in DeltaTable(str(root)).schema().fields]
+    return [f.name for f in catalog(root).load_table(IDENTIFIER).schema().fields]
+
+
+def schema_changes(fmt: str, root: Path) -> int:
+    """How many times the table's schema was changed after its creation."""
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        return sum(h.get("operation") == "ADD COLUMN" for h in DeltaTable(str(root)).history())
+    return len(catalog(root).load_table(IDENTIFIER).schemas()) - 1
+
+
+def by_id(fmt: str, root: Path) -> dict[int, dict]:
+    """The table's rows by id, as its own reader sees them (Iceberg: through the name mapping)."""
+    return {row["id"]: row for row in snapshot(fmt, root).to_pylist()}
+
+
+D1, D2, D3 = "2026-11-24", "2026-11-25", "2026-11-26"
+
+
+def test_new_columns_are_refused_without_add_columns_naming_them_and_the_option(fmt, tmp_path):
+    writer(fmt, tmp_path, "a").commit(0, [write_file(tmp_path, D1, [0, 1], "part-a")], {"ds": D1}, ["r0"])
+    w = writer(fmt, tmp_path, "b", WIDE)
+    with pytest.raises(OutputSchemaError, match=r"label \(table: missing, output: string\).*table_add_columns=True"):
+        w.commit(0, [write_wide_file(tmp_path, D2, [5], "part-b")], {"ds": D2}, ["r0"])
+    assert table_columns(fmt, tmp_path) == ["id", "score", "ds"]
+    assert rows(fmt, tmp_path) == {D1: [0, 1]}
+
+
+def test_add_columns_adds_new_columns_once_and_a_retry_after_the_change_commits_the_files(fmt, tmp_path, monkeypatch):
+    first = writer(fmt, tmp_path, "a")
+    first.commit(0, [write_file(tmp_path, D1, [0, 1], "part-a")], {"ds": D1}, ["r0"])
+    files = [write_wide_file(tmp_path, D2, [5, 6], "part-b")]
+    # The first try dies between the schema change and its files' commit.
+    if fmt == "delta":
+        from deltalake import DeltaTable as committing
+
+        method = "create_write_transaction"
+    else:
+        from pyiceberg.table import Transaction as committing
+
+        method = "add_files"
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed before its files' commit")
+
+    monkeypatch.setattr(committing, method, killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        writer(fmt, tmp_path, "b", WIDE, add_columns=True).commit(0, files, {"ds": D2}, ["r0"])
+    assert table_columns(fmt, tmp_path) == ["id", "score", "ds", *NEW_COLUMNS]
+    assert rows(fmt, tmp_path) == {D1: [0, 1]}
+    monkeypatch.undo()
+
+    # The next try finds the columns added: it changes nothing more and commits its files.
+    w = writer(fmt, tmp_path, "b", WIDE, add_columns=True)
+    assert w.commit(0, files, {"ds": D2}, ["r0"]) is True
+    assert w.commit(0, files, {"ds": D2}, ["r0"]) is False
+    assert table_columns(fmt, tmp_path) == ["id", "score", "ds", *NEW_COLUMNS] and schema_changes(fmt, tmp_path) == 1
+    got = by_id(fmt, tmp_path)
+    assert all(got[i][c] is None for i in (0, 1) for c in NEW_COLUMNS)  # rows from before read null
+    assert got[6]["label"] == "l6" and got[6]["rank"] == 6 and got[6]["vec"] == [6.0, -6.0]
+    assert got[6]["meta"] == {"a": 6, "b": "6"}
+    if fmt == "iceberg":
+        # The files carry no field ids: pyiceberg reads them by the name mapping, which has the new columns.
+        mapping = catalog(tmp_path).load_table(IDENTIFIER).metadata.name_mapping()
+        assert {name for field in mapping for name in field.names} >= set(NEW_COLUMNS)
+    # The table's types as the format keeps them (Iceberg: int32 for int16, a list for a fixed-size
+    # list) compare equal to the output's: its later commits go on without a change.
+    assert w.commit(1, [write_wide_file(tmp_path, D2, [7], "part-b2")], {"ds": D2}, ["r1"]) is True
+    assert rows(fmt, tmp_path) == {D1: [0, 1], D2: [5, 6, 7]} and schema_changes(fmt, tmp_path) == 1
+
+    # Only additions: a run that no longer writes the table's columns is refused, with the option or without.
+    for add_columns in (False, True):
+        with pytest.raises(OutputSchemaError, match=r"label \(table: \S+, output: missing\)"):
+            writer(fmt, tmp_path, "a", add_columns=add_columns).commit(
+                1, [write_file(tmp_path, D1, [2], "part-a2")], {"ds": D1}, ["r1"]
+            )
+
+
+def test_add_columns_changes_no_type_and_adds_no_non_nullable_column(fmt, tmp_path):
+    writer(fmt, tmp_path, "a").commit(0, [write_file(tmp_path, D1, [0], "part-a")], {"ds": D1}, ["r0"])
+    retyped = pa.schema([("id", pa.int64()), ("score", pa.float64()), ("ds", pa.string()), ("label", pa.string())])
+    with pytest.raises(OutputSchemaError, match=r"score \(table: float, output: double\).*only adds new columns"):
+        writer(fmt, tmp_path, "b", retyped, add_columns=True).commit(0, [], {"ds": D2}, ["r0"])
+    not_null = SCHEMA.append(pa.field("label", pa.string(), nullable=False))
+    with pytest.raises(OutputSchemaError, match=r"\['label'\] are not nullable"):
+        writer(fmt, tmp_path, "b", not_null, add_columns=True).commit(0, [], {"ds": D2}, ["r0"])
+    if fmt == "iceberg":
+        # Types Iceberg would keep as others (a column no run could write then), or has not.
+        for kind, refused in (
+            (pa.uint64(), r"as it would keep them.*x \(table: int64, output: uint64\)"),
+            (pa.timestamp("ns"), r"\['x'\] cannot be added to the Iceberg table"),
+        ):
+            with pytest.raises(OutputSchemaError, match=refused):
+                writer(fmt, tmp_path, "b", SCHEMA.append(pa.field("x", kind)), add_columns=True).commit(
+                    0, [], {"ds": D2}, ["r0"]
+                )
+    assert table_columns(fmt, tmp_path) == ["id", "score", "ds"] and schema_changes(fmt, tmp_path) == 0
+
+
+def test_two_writers_adding_the_same_columns_at_once_add_them_once(fmt, tmp_path):
+    writer(fmt, tmp_path, "a").commit(0, [write_file(tmp_path, D1, [0, 1], "part-a")], {"ds": D1}, ["r0"])
+    dates = {D2: [10, 11], D3: [20, 21]}
+    writers = {ds: writer(fmt, tmp_path, f"writer-{ds}", WIDE, add_columns=True) for ds in dates}
+    files = {ds: [write_wide_file(tmp_path, ds, ids, "part-0")] for ds, ids in dates.items()}
+    # Each writer has read the table without the columns when both change its schema: one change
+    # lands, the other conflicts, and its writer reads the table again and finds the columns there.
+    both_read = threading.Barrier(2, timeout=60)
+    changes: list[str] = []
+    conflicts: list[str] = []
+    for ds, w in writers.items():
+
+        def at_once(table, fields, ds=ds, change=w._add_columns) -> None:
+            changes.append(ds)
+            both_read.wait()
+            try:
+                change(table, fields)
+            except Exception:
+                conflicts.append(ds)
+                raise
+
+        w._add_columns = at_once
+    with ThreadPoolExecutor(2) as pool:
+        done = pool.map(lambda ds: writers[ds].commit(0, files[ds], {"ds": ds}, ["r0"]), dates)
+        assert list(done) == [True, True]
+    # Each tried once, one of them lost; the loser found the columns on its next read.
+    assert sorted(changes) == [D2, D3] and len(conflicts) == 1
+    assert table_columns(fmt, tmp_path) == ["id", "score", "ds", *NEW_COLUMNS] and schema_changes(fmt, tmp_path) == 1
+    assert rows(fmt, tmp_path) == {D1: [0, 1], D2: [10, 11], D3: [20, 21]}
+    assert by_id(fmt, tmp_path)[21]["label"] == "l21" and by_id(fmt, tmp_path)[0]["label"] is None
