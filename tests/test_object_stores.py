@@ -5,7 +5,8 @@ account key whose token comes from a loopback OAuth endpoint), Azurite (an accou
 On each: conditional creates (the lease), a SIGKILLed run resumed exactly once, the operator
 through ``dag.test()`` with its credentials nowhere but in fsspec, and missing credentials
 failing at once naming the connection. On GCS and Azure: a Delta table written through the
-connection (delta-rs given the connection's credentials), and writers racing for its log.
+connection (delta-rs given the connection's credentials), and writers racing for its log; an Iceberg
+table written through the connection (pyiceberg's fsspec FileIO given gcsfs's and adlfs's options).
 """
 
 from __future__ import annotations
@@ -436,6 +437,67 @@ def test_a_delta_table_through_the_connection_gets_each_row_once(store, capfd):
     assert DeltaTable(root, storage_options=delta_options(store, root)).version() == table.version()
     logs = "".join(capfd.readouterr())
     for secret in store.secrets:
+        assert secret not in logs
+
+
+# --- an Iceberg table on the store, through the same connection ---------------------------------------
+
+
+def iceberg_catalog(store: StoreUnderTest, root: str, catalog: dict[str, str]):
+    """The table's catalog with pyiceberg's FileIO properties for ``root``, mapped from the fsspec options
+    the store's connection gives (as the writer gets them)."""
+    from airflow_provider_raybatch.pipeline.store.urls import options_for
+    from airflow_provider_raybatch.pipeline.tables.iceberg import file_io_properties, load_catalog
+
+    io = file_io_properties(root, options_for(root, storage_options(**store.conn_kwargs)))
+    assert io["py-io-impl"] == "pyiceberg.io.fsspec.FsspecFileIO"
+    return load_catalog({**io, **catalog})
+
+
+@pytest.mark.usefixtures("ray_local")
+@pytest.mark.parametrize("store", ["gs", "abfs"], indirect=True)
+def test_an_iceberg_table_through_the_connection_gets_each_row_once(store, tmp_path, capfd):
+    """The table's data and metadata on the store, reached with the connection's credentials only (no
+    environment credentials here: GCS through the service account's tokens from the loopback token
+    endpoint, Azure through the account key); the SQL catalog on SQLite."""
+    pytest.importorskip("pyiceberg")
+    from airflow_provider_raybatch.pipeline.config import TableOutput
+    from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+    from airflow_provider_raybatch.pipeline.tables.verify import verify_table
+
+    run = uuid.uuid4().hex[:8]
+    store.write_input(f"{run}/in", [150, 100])
+    root = store.url(run, "table")
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path}/catalog.db", "warehouse": store.url(run, "warehouse")}
+    config = BatchInferenceConfig(
+        store.url(run, "in"),
+        root,
+        [Stage("tests.support.predictors:score", batch_size=100)],
+        id_column="id",
+        rows_per_range=100,
+        storage_options=storage_options(**store.conn_kwargs),
+        table=TableOutput("iceberg", {"ds": "2026-11-24"}, "daily.score", identifier="daily.scores", catalog=catalog),
+    )
+    issued = len(store.issued())
+    summary = run_batch_inference(config)
+    assert summary.rows_out == 250 and summary.table_version is not None
+    table = iceberg_catalog(store, root, catalog).load_table("daily.scores")
+    assert table.metadata_location.startswith(f"{root}/metadata/")  # the metadata on the store too
+    rows = table.scan().to_arrow()
+    assert_exactly_once(rows, range(250))
+    assert rows["ds"].unique().to_pylist() == ["2026-11-24"]
+    assert verify_table(config) == []
+    if store.name == "gs":
+        assert len(store.issued()) > issued, "no token was issued for the service account: not its credentials"
+
+    again = run_batch_inference(config)
+    assert again.ranges_skipped == summary.ranges_total and again.rows_processed == 0
+    assert again.table_version == summary.table_version  # nothing committed
+    table = iceberg_catalog(store, root, catalog).load_table("daily.scores")
+    assert table.current_snapshot().snapshot_id == summary.table_version
+    assert_exactly_once(table.scan().to_arrow(), range(250))
+    logs = "".join(capfd.readouterr())
+    for secret in [*store.secrets, *store.issued()]:
         assert secret not in logs
 
 

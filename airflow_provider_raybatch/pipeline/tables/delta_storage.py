@@ -79,14 +79,33 @@ def _s3(options: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def _refused(store_conn_arg: str, what: str, why: str) -> ConfigError:
-    return ConfigError(f"{store_conn_arg} / storage option {what} for a Delta table cannot be given to delta-rs: {why}")
+def refused(
+    store_conn_arg: str, what: str, why: str, *, table: str = "a Delta table", library: str = "delta-rs"
+) -> ConfigError:
+    """The error for an option of a store that a table library cannot be given: it names the option
+    (and the connection argument it may come from), never its value.
+
+    :param store_conn_arg: the store's connection argument (``gcp_conn_id``...).
+    :param what: the option, as the user would find it.
+    :param why: why it cannot be given.
+    :param table: the kind of table, as the error names it.
+    :param library: the library that writes that table.
+    """
+    return ConfigError(f"{store_conn_arg} / storage option {what} for {table} cannot be given to {library}: {why}")
 
 
-def _unknown(conn_arg: str, keys: set[str], known: str) -> ConfigError:
-    return _refused(
-        conn_arg, ", ".join(repr(k) for k in sorted(keys)), f"delta-rs has no such setting (it takes {known})"
-    )
+def unknown_options(
+    conn_arg: str, keys: set[str], known: str, *, table: str = "a Delta table", library: str = "delta-rs"
+) -> ConfigError:
+    """The error for options a table library has no setting for (:func:`refused`, naming them all).
+
+    :param conn_arg: the store's connection argument.
+    :param keys: the options.
+    :param known: the options it does take, for the error.
+    :param table, library: as for :func:`refused`.
+    """
+    names = ", ".join(repr(k) for k in sorted(keys))
+    return refused(conn_arg, names, f"{library} has no such setting (it takes {known})", table=table, library=library)
 
 
 # --- Google Cloud Storage (gcsfs's options) -----------------------------------------------------------
@@ -102,7 +121,7 @@ def _gcs(options: Mapping[str, Any]) -> dict[str, str]:
     """
     unknown = set(options) - {"token", "endpoint_url", "project"}
     if unknown:
-        raise _unknown(GCS.conn_arg, unknown, "token, endpoint_url and project")
+        raise unknown_options(GCS.conn_arg, unknown, "token, endpoint_url and project")
     out: dict[str, str] = {}
     if options.get("endpoint_url"):
         out["google_base_url"] = str(options["endpoint_url"]).rstrip("/")
@@ -113,7 +132,7 @@ def _gcs(options: Mapping[str, Any]) -> dict[str, str]:
         return {**out, "google_skip_signature": "true"}
     if isinstance(token, (str, os.PathLike)):
         if _key_file_type(token) not in ("service_account", "authorized_user"):
-            raise _refused(
+            raise refused(
                 GCS.conn_arg,
                 "token",
                 "it is neither a service account's or user's key file nor 'anon' or 'google_default'",
@@ -122,7 +141,7 @@ def _gcs(options: Mapping[str, Any]) -> dict[str, str]:
         return {**out, "google_application_credentials": os.fspath(token)}
     if isinstance(token, Mapping):
         if token.get("type") != "service_account":
-            raise _refused(GCS.conn_arg, "token", "delta-rs takes a service account's key, not this kind of key")
+            raise refused(GCS.conn_arg, "token", "delta-rs takes a service account's key, not this kind of key")
         # object_store requires the key's id (an unparsable key would fail every commit as a store error).
         return {**out, "google_service_account_key": json.dumps({"private_key_id": "", **token})}
     return {**out, "google_service_account_key": json.dumps(_service_account_key(token))}
@@ -150,7 +169,7 @@ def _service_account_key(credentials: Any) -> dict[str, str]:
         Credentials = None  # noqa: N806 - the class's name
     kind = f"{type(credentials).__module__}.{type(credentials).__name__}"
     if Credentials is None or not isinstance(credentials, Credentials):
-        raise _refused(
+        raise refused(
             GCS.conn_arg,
             f"token ({kind})",
             "delta-rs takes a service account's key (the connection's keyfile_dict or key_path), not "
@@ -158,7 +177,7 @@ def _service_account_key(credentials: Any) -> dict[str, str]:
             "delta-rs reads the environment's application default credentials",
         )
     if getattr(credentials, "_subject", None):
-        raise _refused(GCS.conn_arg, "token", "domain-wide delegation (a subject) has no delta-rs setting")
+        raise refused(GCS.conn_arg, "token", "domain-wide delegation (a subject) has no delta-rs setting")
     signer = credentials.signer
     key = getattr(getattr(signer, "_impl", signer), "_key", None)  # google-auth 2.x: the cryptography or rsa key
     if hasattr(key, "private_bytes"):
@@ -170,7 +189,7 @@ def _service_account_key(credentials: Any) -> dict[str, str]:
     elif hasattr(key, "save_pkcs1"):
         pem = key.save_pkcs1().decode()
     else:
-        raise _refused(GCS.conn_arg, "token", f"this google-auth version does not expose the key of {kind}")
+        raise refused(GCS.conn_arg, "token", f"this google-auth version does not expose the key of {kind}")
     return {
         "type": "service_account",
         "client_email": credentials.service_account_email,
@@ -203,7 +222,9 @@ def _azure(options: Mapping[str, Any]) -> dict[str, str]:
     """
     unknown = set(options) - {*_AZURE_KEYS, "connection_string", "account_host", "anon"}
     if unknown:
-        raise _unknown(AZURE.conn_arg, unknown, f"connection_string, account_host, anon, {', '.join(_AZURE_KEYS)}")
+        raise unknown_options(
+            AZURE.conn_arg, unknown, f"connection_string, account_host, anon, {', '.join(_AZURE_KEYS)}"
+        )
     out = {_AZURE_KEYS[k]: str(v) for k, v in options.items() if k in _AZURE_KEYS and v not in (None, "")}
     if "azure_storage_sas_key" in out:
         out["azure_storage_sas_key"] = out["azure_storage_sas_key"].lstrip("?")
@@ -211,13 +232,24 @@ def _azure(options: Mapping[str, Any]) -> dict[str, str]:
         out["azure_storage_endpoint"] = f"https://{options['account_host']}"  # as adlfs builds it
     if options.get("connection_string"):
         out.update(_azure_connection_string(str(options["connection_string"])))
-    if options.get("anon") is True:
+    if azure_anon(options):
         out["azure_skip_signature"] = "true"
-    elif options.get("anon") not in (None, False):
-        raise _refused(AZURE.conn_arg, "anon", "it must be True or False")
     if out.get("azure_storage_endpoint", "").startswith("http://"):
         out["azure_allow_http"] = "true"  # object_store refuses plain HTTP otherwise (an emulator)
     return out
+
+
+def azure_anon(options: Mapping[str, Any], **where: str) -> bool | None:
+    """adlfs's ``anon`` option: True (unsigned requests), False, or None (unset).
+
+    :param options: adlfs's options.
+    :param where: ``table`` and ``library`` for the error, as for :func:`refused`.
+    :raises ConfigError: it is something else (a string would be taken as true).
+    """
+    anon = options.get("anon")
+    if anon not in (None, True, False):
+        raise refused(AZURE.conn_arg, "anon", "it must be True or False", **where)
+    return anon
 
 
 def _azure_connection_string(connection_string: str) -> dict[str, str]:
@@ -226,7 +258,7 @@ def _azure_connection_string(connection_string: str) -> dict[str, str]:
     for part in filter(None, (p.strip() for p in connection_string.split(";"))):
         name, sep, value = part.partition("=")  # values (keys, SAS) hold '=' themselves
         if not sep:
-            raise _refused(AZURE.conn_arg, "connection_string", "it has a field that is not name=value")
+            raise refused(AZURE.conn_arg, "connection_string", "it has a field that is not name=value")
         fields[name] = value
     names = {
         "AccountName": "azure_storage_account_name",
@@ -237,7 +269,7 @@ def _azure_connection_string(connection_string: str) -> dict[str, str]:
     unknown = set(fields) - {*names, "DefaultEndpointsProtocol", "EndpointSuffix", "UseDevelopmentStorage"}
     unknown -= _OTHER_AZURE_SERVICES
     if unknown:
-        raise _unknown(AZURE.conn_arg, {f"connection_string's {k}" for k in unknown}, ", ".join(names))
+        raise unknown_options(AZURE.conn_arg, {f"connection_string's {k}" for k in unknown}, ", ".join(names))
     out = {names[k]: v for k, v in fields.items() if k in names}
     if "azure_storage_sas_key" in out:
         out["azure_storage_sas_key"] = out["azure_storage_sas_key"].lstrip("?")

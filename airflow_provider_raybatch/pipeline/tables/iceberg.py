@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
+from airflow_provider_raybatch.pipeline.tables.iceberg_storage import OBJECT_PROPERTIES, file_io_properties
 from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     SEQ_KEY,
     WRITER_KEY,
@@ -29,8 +30,9 @@ from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     columns_error,
     columns_to_add,
     commit_metadata,
-    s3_settings,
 )
+
+__all__ = ["IcebergTableWriter", "file_io_properties", "load_catalog"]  # the FileIO properties: iceberg_storage.py
 
 #: Properties of a table this writer creates. Each Iceberg commit writes the whole table metadata
 #: anew, with the list of every earlier metadata file: without a bound the metadata folder grows
@@ -236,10 +238,16 @@ class IcebergTableWriter:
 
 def load_catalog(properties: Mapping[str, Any]) -> Any:
     """The pyiceberg catalog of ``properties`` (``name`` names it; the rest are pyiceberg's
-    properties, e.g. ``type="sql"``, ``uri``, ``warehouse``, ``s3.endpoint``)."""
+    properties, e.g. ``type="sql"``, ``uri``, ``warehouse``, ``s3.endpoint``, and the FileIO's
+    from :func:`.iceberg_storage.file_io_properties`).
+
+    :param properties: the properties; values are made text (a connection's extra may hold numbers),
+        but for the FileIO's credential objects and flags (:data:`.iceberg_storage.OBJECT_PROPERTIES`),
+        which fsspec's FileIO hands to gcsfs / adlfs as they are.
+    """
     from pyiceberg.catalog import load_catalog as load
 
-    properties = {k: str(v) for k, v in properties.items()}
+    properties = {k: v if k in OBJECT_PROPERTIES and not isinstance(v, str) else str(v) for k, v in properties.items()}
     name = properties.pop("name", "raybatch")
     try:
         return load(name, **properties)
@@ -249,21 +257,6 @@ def load_catalog(properties: Mapping[str, Any]) -> Any:
         if "already exists" not in str(e):
             raise
         return load(name, **properties)
-
-
-def file_io_properties(url: str, options: Mapping[str, Any]) -> dict[str, str]:
-    """pyiceberg's file IO properties for ``url`` from the provider's fsspec options for its store
-    (an Airflow connection's credentials, an endpoint); S3 only, other stores use the environment's."""
-    if not url.startswith(("s3://", "s3a://")) or not options:
-        return {}
-    names = {
-        "key": "s3.access-key-id",
-        "secret": "s3.secret-access-key",
-        "token": "s3.session-token",
-        "endpoint": "s3.endpoint",
-        "region": "s3.region",
-    }
-    return {names[name]: value for name, value in s3_settings(options).items()}
 
 
 def _without_retries(table: Any) -> None:

@@ -233,10 +233,15 @@ def check_table_output(config: BatchInferenceConfig) -> None:
             f"output_format={config.table.format!r} needs {package}: "
             f"pip install 'airflow-provider-raybatch[{config.table.format}]'"
         ) from None
+    options = options_for(config.output_path, config.storage_options)
     if config.table.format == "delta":
         from airflow_provider_raybatch.pipeline.tables.delta import delta_storage_options
 
-        delta_storage_options(config.output_path, options_for(config.output_path, config.storage_options))
+        delta_storage_options(config.output_path, options)
+    else:
+        from airflow_provider_raybatch.pipeline.tables.iceberg_storage import file_io_properties
+
+        file_io_properties(config.output_path, options)
 
 
 def open_table_writer(
