@@ -100,7 +100,7 @@ def test_code_that_runs_on_ray_imports_no_airflow_module_of_the_provider(layer):
 PIPELINE_LAYERS = [
     ("store", "errors", "columns", "ray_compat", "resources", "config"),
     ("runtime", "planning", "summary"),
-    ("commit", "tables"),
+    ("commit", "tables", "status"),
     ("execution",),
     ("output_location", "prepare", "partitions", "runner", "job"),
 ]

@@ -174,3 +174,24 @@ def test_the_gpu_check_refuses_clearly_without_a_gpu():
     )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "sees no CUDA GPU; run it on a machine with an NVIDIA GPU" in result.stderr
+
+
+def test_status_script_times_the_status_of_a_running_and_a_finished_output(tmp_path):
+    out = tmp_path / "results"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.status", "--ranges", "40", "--repeats", "1", "--records-per-segment", "7"]
+        + ["--out", str(out), "--work-dir", str(tmp_path / "data")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    rows = json.loads((out / "status.json").read_text())["rows"]
+    assert [(r["store"], r["state"], r["ranges_committed"]) for r in rows] == [
+        ("local", "running", 24),
+        ("local", "done", 40),
+        ("moto S3", "running", 24),
+        ("moto S3", "done", 40),
+    ]
+    assert all(r["median_s"] > 0 for r in rows)

@@ -86,6 +86,9 @@ class CommitLog:
         self._levels: dict[int, list[str]] = {}  # this writer's segments by level, oldest first
         #: What the latest :meth:`committed` read: objects per kind ("manifest", "segments", "records").
         self.last_read: dict[str, int] = {}
+        #: Range id -> scope of the segment its record was read from, by the latest :meth:`committed`
+        #: (records in the manifest or in layout-1 files have none): which partition's writer committed it.
+        self.last_scopes: dict[str, str] = {}
         self._segments_seen = False  # segments found by a read: there is something to fold
         #: Called before every publish, commit record and removal: raises once this writer lost its lease.
         self.fence: Callable[[], None] = lambda: None
@@ -114,16 +117,22 @@ class CommitLog:
             for kind, folder in (("records", self.commits_dir), ("segments", self.segments_dir))
         }
         records: dict[str, dict[str, Any]] = {}
+        scopes: dict[str, str] = {}
         read = {"manifest": 0, "segments": 0, "records": 0}
         if exists(self.fs, self.manifest_path):
             _add_records(records, _decode(read_json(self.fs, self.manifest_path)))
             read["manifest"] = 1
         for kind, paths in listed.items():
             with ThreadPoolExecutor(max_workers=16) as pool:
-                for data in pool.map(lambda p: read_json(self.fs, p), paths):
-                    _add_records(records, _decode(data) if kind == "segments" else {data["range_id"]: data})
+                for path, data in zip(paths, pool.map(lambda p: read_json(self.fs, p), paths), strict=True):
+                    found = _decode(data) if kind == "segments" else {data["range_id"]: data}
+                    _add_records(records, found)
+                    if kind == "segments":
+                        scope = posixpath.basename(path).split(".", 1)[0]
+                        scopes.update((r, scope) for r, record in found.items() if records[r] is record)
             read[kind] = len(paths)
         self.last_read = read
+        self.last_scopes = scopes
         self._segments_seen = self._segments_seen or bool(read["segments"])
         return records, listed["records"] + listed["segments"]
 

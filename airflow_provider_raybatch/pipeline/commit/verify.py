@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -20,8 +21,18 @@ from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN
 SHOWN = 5
 
 
-def verify_output(output_path: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-    """The faults of a finished output (empty when it is complete and consistent)."""
+def verify_output(
+    output_path: str,
+    storage_options: dict[str, Any] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[str]:
+    """The faults of a finished output (empty when it is complete and consistent).
+
+    :param output_path: the output folder, local or a URL.
+    :param storage_options: fsspec options for a remote path.
+    :param progress: called with (files read, files to read) after each file: reading every file's
+        row keys is what takes long on a large output (the command line draws a bar from it).
+    """
     ledger = OutputLedger.open(output_path, storage_options)
     fs = ledger.fs
     fs.invalidate_cache()
@@ -55,7 +66,8 @@ def verify_output(output_path: str, storage_options: dict[str, Any] | None = Non
 
     id_column = plan.job.get("id_column") or ROW_ID_COLUMN
     wrong_rows, ids = [], []
-    for name in sorted(set(recorded_files) & present):
+    to_read = sorted(set(recorded_files) & present)
+    for done, name in enumerate(to_read, 1):
         with fs.open(f"{ledger.root}/{name}", "rb") as f:
             parquet = pq.ParquetFile(f)
             rows = parquet.metadata.num_rows
@@ -63,6 +75,8 @@ def verify_output(output_path: str, storage_options: dict[str, Any] | None = Non
                 ids.extend(parquet.read(columns=[id_column]).column(id_column).to_pylist())
         if rows != recorded_files[name]:
             wrong_rows.append(f"{name} ({rows} rows, recorded {recorded_files[name]})")
+        if progress is not None:
+            progress(done, len(to_read))
     add_faults(faults, "file(s) whose rows differ from their record", wrong_rows)
     duplicated = sorted((i for i, n in Counter(ids).items() if n > 1), key=repr)
     add_faults(faults, f"{id_column} value(s) written more than once", [repr(i) for i in duplicated])

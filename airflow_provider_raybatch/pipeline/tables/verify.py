@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import posixpath
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -22,11 +23,13 @@ from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInfere
 from airflow_provider_raybatch.pipeline.store.files import ls, read_json, resolve
 
 
-def verify_table(config: BatchInferenceConfig) -> list[str]:
+def verify_table(config: BatchInferenceConfig, progress: Callable[[int, int], None] | None = None) -> list[str]:
     """The faults of the partition ``config.table`` names in the table at ``config.output_path``
     (empty when every writer's rows are in the table's current snapshot exactly once).
 
     ``config.table.writer`` is not used: every writer that staged rows for the partition is checked.
+
+    :param progress: told of each writer's staging files read (:func:`.commit.verify.verify_output`).
     """
     from airflow_provider_raybatch.pipeline.tables.table_commits import open_table_writer
 
@@ -49,7 +52,7 @@ def verify_table(config: BatchInferenceConfig) -> list[str]:
         number = read_json(fs, f"{root}/{partition_dir}/{writer}/{META_DIR}/generation.json")["number"]
         relpath = f"{partition_dir}/{writer}/g{number}"
         staging = f"{config.output_path.rstrip('/')}/{relpath}"
-        faults += [f"{staging}: {fault}" for fault in verify_output(staging, config.storage_options)]
+        faults += [f"{staging}: {fault}" for fault in verify_output(staging, config.storage_options, progress)]
         ledger = OutputLedger(fs, f"{root}/{relpath}", staging)
         plan = ledger.load_plan()
         if plan is None:

@@ -1,0 +1,401 @@
+"""Where an output stands, read from its bookkeeping only: :class:`OutputStatus`, by :func:`read_status`.
+
+What the command line's ``status`` prints and what a UI would draw: planned and committed ranges
+and rows, rejects, a timeline of rows committed, the current rate and the time left, the lease
+holders and the run's state. It reads ``plan.json``, the commit records (the manifest and the
+segments, once: :meth:`.commit_log.CommitLog.committed`) and the leases' newest generations,
+never a data file, so it answers quickly however large the output (``benchmarks/status.py``).
+
+A table output (:func:`read_table_status`) is read per writer: each writer that staged rows for
+the partition has a generation being written, a Parquet output of its own under the table
+(:mod:`.tables.staging`), whose status is read as above, with the writer's leases.
+
+What the ledger does not hold is not guessed: a mapped partition's planned ranges are known only
+to the planning task (its XCom), so a partition's progress counts what it committed, not what is
+left of it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import posixpath
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE
+from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
+from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger
+from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
+from airflow_provider_raybatch.pipeline.errors import RayBatchError
+from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
+from airflow_provider_raybatch.pipeline.store.files import ls, read_json, resolve
+
+State = Literal["done", "running", "partial", "not started"]
+
+#: Seconds of commits the current rate is measured over.
+RATE_WINDOW_S = 120.0
+#: Points of the timeline at most (a long run's are thinned evenly: a chart needs no more).
+TIMELINE_POINTS = 500
+
+
+class OutputNotFoundError(RayBatchError):
+    """The path holds no output of this provider (nothing planned there)."""
+
+
+@dataclass(frozen=True)
+class LeaseStatus:
+    """The newest generation of one lease: who holds (or last held) it, and whether it still counts.
+
+    :param scope: ``"output"`` for the whole output's lease, else the mapped partition's lease key.
+    :param holder: who, in words (:meth:`.lease.LeaseHolder.describe`).
+    :param dag_id: the Airflow task instance that holds it, when the writer is a task (from its run key
+        ``dag/run/task/map_index``); likewise ``run_id``, ``task_id``, ``map_index``.
+    :param heartbeat_age_s: seconds since its holder last renewed it (at the time of reading).
+    :param holder_gone: True when the holder was a process of this host that has ended; None when it
+        ran on another host (not knowable from here).
+    :param live: it still counts as held: not released, holder not gone, a heartbeat within the timeout.
+    """
+
+    scope: str
+    generation: int
+    holder: str
+    run_key: str | None
+    dag_id: str | None
+    run_id: str | None
+    task_id: str | None
+    map_index: int | None
+    try_number: int | None
+    ray_job: str | None
+    host: str
+    pid: int
+    taken_at: float
+    heartbeat: float
+    heartbeat_age_s: float
+    released: bool
+    holder_gone: bool | None
+    live: bool
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    """A mapped partition's writer: its lease and the ranges it committed (as its segments hold them;
+    once a whole-output run folds them into the manifest they are no longer told apart)."""
+
+    key: str
+    lease: LeaseStatus | None
+    ranges_committed: int
+    rows_committed: int
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """Cumulative figures at one commit time (seconds since the epoch): ranges, and input rows
+    done (written or rejected)."""
+
+    time: float
+    ranges: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class OutputStatus:
+    """Where one output stands (see the module's docstring). Rows count input rows: ``rows_done``
+    is ``rows_out + rows_rejected``, which reaches ``rows_planned`` when the output is done.
+
+    :param path: the output as given (for a table, the writer's staging output).
+    :param state: ``done`` (every planned range committed), ``running`` (a live lease),
+        ``partial`` (stopped part-way: some committed, no live writer), ``not started``.
+    :param rate_rows_per_s: rows done per second over the last :data:`RATE_WINDOW_S` seconds (of
+        the current writer's time, while running), None without commits to measure.
+    :param eta_s: seconds left at that rate, while running.
+    :param lease: the whole output's lease (None: never taken).
+    :param partitions: the mapped partitions' writers, by lease key.
+    :param timeline: cumulative figures per commit time, oldest first (thinned to :data:`TIMELINE_POINTS`).
+    :param writer: a table output's writer folder (else None); ``generation`` the generation read.
+    :param table_commits: a table output's table commits decided (each adds its ranges to the table).
+    :param ranges_in_table_commits: ranges those commits add.
+    :param read_s: seconds the reading took.
+    """
+
+    path: str
+    state: State
+    ranges_planned: int
+    rows_planned: int
+    ranges_committed: int
+    rows_out: int
+    rows_rejected: int
+    engine_errors: int
+    rows_done: int
+    first_commit_at: float | None
+    last_commit_at: float | None
+    rate_rows_per_s: float | None
+    eta_s: float | None
+    lease: LeaseStatus | None
+    partitions: list[PartitionStatus]
+    timeline: list[TimelinePoint]
+    read_at: float
+    read_s: float
+    objects_read: dict[str, int] = field(default_factory=dict)
+    writer: str | None = None
+    generation: int | None = None
+    table_commits: int | None = None
+    ranges_in_table_commits: int | None = None
+
+    @property
+    def fraction_done(self) -> float:
+        """Rows done over rows planned (1.0 for an output that planned none)."""
+        return self.rows_done / self.rows_planned if self.rows_planned else float(self.state == "done")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with :attr:`fraction_done`."""
+        return {**asdict(self), "fraction_done": round(self.fraction_done, 6)}
+
+
+def read_status(
+    output_path: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
+    now: float | None = None,
+) -> OutputStatus:
+    """The status of the Parquet output at ``output_path``.
+
+    :param output_path: the output folder, local or a URL.
+    :param storage_options: fsspec options for a remote path (one filesystem's, or keyed by store).
+    :param lease_timeout_s: the writers' ``lease_timeout`` (not recorded with the lease): a holder
+        silent for longer no longer counts as running.
+    :param now: the time to measure ages against (default: the clock).
+    :raises OutputNotFoundError: nothing was planned at ``output_path``.
+    """
+    started = time.perf_counter()
+    ledger = OutputLedger.open(output_path, storage_options)
+    return _read(ledger, ledger, started, lease_timeout_s, now)
+
+
+def read_table_status(
+    table_root: str,
+    partition: dict[str, str],
+    storage_options: dict[str, Any] | None = None,
+    *,
+    lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
+    now: float | None = None,
+) -> list[OutputStatus]:
+    """The status of each writer that staged rows for ``partition`` of the Delta or Iceberg table
+    at ``table_root`` (a Delta table's root, an Iceberg table's location): the generation it is
+    writing now, with the writer's leases. Writers in the order of their folders' names.
+
+    :raises OutputNotFoundError: no writer of this provider staged rows for the partition.
+    """
+    started = time.perf_counter()
+    fs, root = resolve(table_root, storage_options)
+    partition_dir = "/".join(f"{k}={v}" for k, v in partition.items())
+    statuses = []
+    for folder in sorted(ls(fs, f"{root}/{partition_dir}")):
+        folder = folder.rstrip("/")
+        record_path = f"{folder}/{META_DIR}/generation.json"
+        try:
+            number = read_json(fs, record_path)["number"]
+        except FileNotFoundError:
+            continue  # not a writer's folder
+        relpath = f"{partition_dir}/{posixpath.basename(folder)}"
+        display = f"{table_root.rstrip('/')}/{relpath}"
+        writer = OutputLedger(fs, folder, display)  # holds the writer's leases, as an output folder does
+        staging = OutputLedger(fs, f"{folder}/g{number}", f"{display}/g{number}")
+        status = _read(staging, writer, started, lease_timeout_s, now)
+        intents = [read_json(fs, p) for p in sorted(ls(fs, f"{staging.meta}/table")) if p.endswith(".json")]
+        statuses.append(
+            replace(
+                status,
+                writer=relpath,
+                generation=number,
+                table_commits=len(intents),
+                ranges_in_table_commits=len({r for intent in intents for r in intent["ranges"]}),
+                read_s=round(time.perf_counter() - started, 4),
+            )
+        )
+    if not statuses:
+        raise OutputNotFoundError(
+            f"{table_root}: no writer of this provider staged rows for partition {partition} "
+            f"(no {partition_dir}/<writer>/{META_DIR}/generation.json)"
+        )
+    return statuses
+
+
+def _read(
+    ledger: OutputLedger, lease_owner: OutputLedger, started: float, lease_timeout_s: float, now: float | None
+) -> OutputStatus:
+    """The status of ``ledger``'s output, whose leases are kept by ``lease_owner`` (itself, or a
+    table writer's folder)."""
+    fs = ledger.fs
+    fs.invalidate_cache()
+    plan = ledger.load_plan()
+    if plan is None:
+        raise OutputNotFoundError(
+            f"{ledger.display_path}: no {META_DIR}/plan.json there: not an output of this provider, "
+            "or not planned yet (check the path, and that its run has started)"
+        )
+    committed = ledger.committed()
+    now = time.time() if now is None else now
+
+    # Planned rows from the files' row groups, as the planner cut them: no data file is read.
+    ranges = recorded_ranges(plan.input, plan.job["rows_per_range"], plan.job.get("max_rows"))
+    planned_ids = {r.id for r in ranges}
+    mine = {r: record for r, record in committed.items() if r in planned_ids}
+    rows_out = sum(r["rows"] for r in mine.values())
+    rejected = sum(r.get("rejected", 0) for r in mine.values())
+    engine_errors = sum(r.get("engine_errors", 0) for r in mine.values())
+    rows_planned = sum(r.rows for r in ranges)
+
+    lease = _lease_status(lease_owner, lease_owner.lease_folder(), OUTPUT_SCOPE, lease_timeout_s, now)
+    partitions = _partitions(lease_owner, mine, ledger.last_scopes, lease_timeout_s, now)
+    live = [s for s in [lease, *(p.lease for p in partitions)] if s is not None and s.live]
+
+    timeline = _timeline(mine)
+    done = len(mine) == len(ranges)
+    if done:
+        state: State = "done"
+    elif live:
+        state = "running"
+    elif mine:
+        state = "partial"
+    else:
+        state = "not started"
+    rate = _rate(timeline, now if state == "running" else None, min((s.taken_at for s in live), default=None))
+    rows_done = rows_out + rejected
+    eta = (rows_planned - rows_done) / rate if state == "running" and rate else None
+    return OutputStatus(
+        path=ledger.display_path,
+        state=state,
+        ranges_planned=len(ranges),
+        rows_planned=rows_planned,
+        ranges_committed=len(mine),
+        rows_out=rows_out,
+        rows_rejected=rejected,
+        engine_errors=engine_errors,
+        rows_done=rows_done,
+        first_commit_at=timeline[0].time if timeline else None,
+        last_commit_at=timeline[-1].time if timeline else None,
+        rate_rows_per_s=None if rate is None else round(rate, 1),
+        eta_s=None if eta is None else round(eta, 1),
+        lease=lease,
+        partitions=partitions,
+        timeline=_thin(timeline, TIMELINE_POINTS),
+        read_at=now,
+        read_s=round(time.perf_counter() - started, 4),
+        objects_read=dict(ledger.last_read),
+    )
+
+
+def _lease_status(owner: OutputLedger, folder: str, scope: str, timeout_s: float, now: float) -> LeaseStatus | None:
+    # A reader's Lease object: it only reads the newest generation (current()), never takes it.
+    record = Lease(owner.fs, folder, owner.display_path, LeaseHolder(), timeout_s).current()
+    if record is None:
+        return None
+    holder = record.holder
+    dag_id = run_id = task_id = None
+    map_index = None
+    if holder.run_key and holder.run_key.count("/") >= 3:
+        # dag/run/task/map_index: dag and task ids hold no "/", a run id may (as LeaseHolder.describe reads it).
+        dag_id, rest = holder.run_key.split("/", 1)
+        run_id, task_id, index = rest.rsplit("/", 2)
+        map_index = int(index) if index.lstrip("-").isdigit() else None
+    gone = holder.is_dead_here() if holder.host == LeaseHolder().host else None
+    age = max(0.0, now - record.heartbeat)
+    return LeaseStatus(
+        scope=scope,
+        generation=record.generation,
+        holder=holder.describe(),
+        run_key=holder.run_key,
+        dag_id=dag_id,
+        run_id=run_id,
+        task_id=task_id,
+        map_index=map_index,
+        try_number=holder.try_number,
+        ray_job=holder.ray_job,
+        host=holder.host,
+        pid=holder.pid,
+        taken_at=record.taken_at,
+        heartbeat=record.heartbeat,
+        heartbeat_age_s=round(age, 1),
+        released=record.released,
+        holder_gone=gone,
+        live=not record.released and not gone and age <= timeout_s,
+    )
+
+
+def _partitions(
+    owner: OutputLedger,
+    committed: dict[str, dict[str, Any]],
+    scopes: dict[str, str],
+    timeout_s: float,
+    now: float,
+) -> list[PartitionStatus]:
+    """The mapped partitions' writers: those with a lease, and those whose segments hold records."""
+    counts: dict[str, list[int]] = {}
+    for range_id, scope in scopes.items():
+        if scope != OUTPUT_SCOPE and range_id in committed:
+            record = committed[range_id]
+            count = counts.setdefault(scope, [0, 0])
+            count[0] += 1
+            count[1] += record["rows"] + record.get("rejected", 0)
+    folders = {posixpath.basename(f.rstrip("/")): f.rstrip("/") for f in owner.partition_lease_folders()}
+    return [
+        PartitionStatus(
+            key=key,
+            lease=_lease_status(owner, folders[key], key, timeout_s, now) if key in folders else None,
+            ranges_committed=counts.get(key, [0, 0])[0],
+            rows_committed=counts.get(key, [0, 0])[1],
+        )
+        for key in sorted(folders.keys() | counts.keys())
+    ]
+
+
+def _timeline(committed: dict[str, dict[str, Any]]) -> list[TimelinePoint]:
+    """Cumulative ranges and rows per commit time (records without one, of layout 1, are left out)."""
+    by_time: dict[float, list[int]] = {}
+    for record in committed.values():
+        at = record.get("committed_at")
+        if at is not None:
+            point = by_time.setdefault(at, [0, 0])
+            point[0] += 1
+            point[1] += record["rows"] + record.get("rejected", 0)
+    points, ranges, rows = [], 0, 0
+    for at in sorted(by_time):
+        ranges += by_time[at][0]
+        rows += by_time[at][1]
+        points.append(TimelinePoint(at, ranges, rows))
+    return points
+
+
+def _rate(timeline: list[TimelinePoint], now: float | None, taken_at: float | None) -> float | None:
+    """Rows per second over the last :data:`RATE_WINDOW_S` seconds: up to ``now`` while running
+    (a stalled run's rate falls), else up to the last commit; never before the current writer took
+    its lease (the gap after a killed try is not the rate). None without commits in the window."""
+    if not timeline:
+        return None
+    end = timeline[-1].time if now is None else max(now, timeline[-1].time)
+    start = end - RATE_WINDOW_S
+    if taken_at is not None:
+        start = max(start, taken_at)
+    times = [p.time for p in timeline]
+    before = bisect.bisect_right(times, start)  # points at or before the window's start
+    if before == len(timeline):
+        return 0.0 if now is not None else None
+    if before == 0 and taken_at is None:
+        # The window holds the first commits: measure from the first, whose rows were made before it.
+        start = timeline[0].time
+        base = timeline[0].rows
+    else:
+        base = timeline[before - 1].rows if before else 0
+    if end <= start:
+        return None
+    return (timeline[-1].rows - base) / (end - start)
+
+
+def _thin(points: list[TimelinePoint], most: int) -> list[TimelinePoint]:
+    """At most ``most`` points, evenly spaced by position, the last always kept."""
+    if len(points) <= most:
+        return points
+    step = len(points) / (most - 1)
+    return [points[int(i * step)] for i in range(most - 1)] + [points[-1]]
