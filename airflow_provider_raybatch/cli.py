@@ -86,7 +86,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_LEASE_TIMEOUT_S,
         metavar="SECONDS",
-        help="the writers' lease_timeout: a holder silent for longer is not running (default %(default)g)",
+        help="for leases taken by an older release (which did not record their lease_timeout): a holder "
+        "silent for longer is not running (default %(default)g)",
     )
     rejects = commands.add_parser("rejects", parents=[common], help="print or export the rejected rows")
     rejects.add_argument("--limit", type=int, default=20, metavar="N", help="rows to print (default %(default)s)")

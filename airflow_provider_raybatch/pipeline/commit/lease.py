@@ -23,7 +23,7 @@ import posixpath
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -91,10 +91,15 @@ class _Record:
     taken_at: float
     heartbeat: float
     released: bool = False
+    #: the holder's lease_timeout, for readers judging its heartbeat (``raybatch status``); None: an older record
+    timeout_s: float | None = None
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> _Record:
-        return cls(**{**data, "holder": LeaseHolder(**data["holder"])})
+        # Fields a newer release may add are ignored: its leases stay readable here.
+        known = {f.name for f in fields(cls)}
+        holder = {k: v for k, v in data["holder"].items() if k in {f.name for f in fields(LeaseHolder)}}
+        return cls(**{**{k: v for k, v in data.items() if k in known}, "holder": LeaseHolder(**holder)})
 
 
 class Lease:
@@ -148,7 +153,7 @@ class Lease:
             raise self.busy_error(current)
         generation = 1 if current is None else current.generation + 1
         now = time.time()
-        record = _Record(generation, self.holder, now, now)
+        record = _Record(generation, self.holder, now, now, timeout_s=self.timeout_s)
         if not self._create(self._path(generation), record):
             winner = self.current()
             who = winner.holder.describe() if winner else "another writer"

@@ -163,8 +163,8 @@ def read_status(
 
     :param output_path: the output folder, local or a URL.
     :param storage_options: fsspec options for a remote path (one filesystem's, or keyed by store).
-    :param lease_timeout_s: the writers' ``lease_timeout`` (not recorded with the lease): a holder
-        silent for longer no longer counts as running.
+    :param lease_timeout_s: for a lease recorded without its holder's ``lease_timeout`` (by an
+        older release): a holder silent for longer no longer counts as running.
     :param now: the time to measure ages against (default: the clock).
     :raises OutputNotFoundError: nothing was planned at ``output_path``.
     """
@@ -320,7 +320,8 @@ def _lease_status(owner: OutputLedger, folder: str, scope: str, timeout_s: float
         heartbeat_age_s=round(age, 1),
         released=record.released,
         holder_gone=gone,
-        live=not record.released and not gone and age <= timeout_s,
+        # The holder's own timeout where its record has it; the reader's for an older record.
+        live=not record.released and not gone and age <= (record.timeout_s or timeout_s),
     )
 
 

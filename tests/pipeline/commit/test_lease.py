@@ -155,3 +155,18 @@ def test_a_release_that_cannot_write_does_not_hide_the_error_the_run_ends_on(tmp
         assert held.record is None
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_lease_records_its_timeout_and_one_from_a_newer_release_is_still_read(tmp_path):
+    first = lease(str(tmp_path / "lease"), timeout_s=42.0)
+    first.acquire()
+    first.release()
+    path = sorted((tmp_path / "lease").glob("*.json"))[-1]
+    record = json.loads(path.read_text())
+    assert record["timeout_s"] == 42.0
+    # Fields a newer release adds, to the record and to its holder, do not make the lease unreadable.
+    record["added_later"], record["holder"]["added_later"] = 1, 2
+    path.write_text(json.dumps(record))
+    second = lease(str(tmp_path / "lease"))
+    second.acquire()  # the released lease is read and taken
+    second.release()

@@ -83,7 +83,7 @@ def test_a_held_lease_reads_running_with_its_task_instance_until_its_heartbeat_i
     lease = Lease(ledger.fs, ledger.lease_folder(), "out", holder, timeout_s=60)
     lease.acquire()
     try:
-        status = read_status(str(tmp_path / "out"), lease_timeout_s=60)
+        status = read_status(str(tmp_path / "out"))
         assert status.state == "running"
         held = status.lease
         assert (held.dag_id, held.run_id, held.task_id, held.map_index, held.try_number) == (
@@ -95,9 +95,10 @@ def test_a_held_lease_reads_running_with_its_task_instance_until_its_heartbeat_i
         )
         assert held.live and not held.released and held.holder_gone is False and held.heartbeat_age_s < 30
         assert status.rate_rows_per_s == 0.0  # nothing committed since it took the lease
-        # Read as if its heartbeat had stopped long ago: no longer running.
-        later = read_status(str(tmp_path / "out"), lease_timeout_s=60, now=time.time() + 600)
-        assert later.state == "partial" and not later.lease.live and later.lease.heartbeat_age_s >= 600
+        # Read as if its heartbeat had stopped 90 s ago: past the holder's own lease_timeout (60 s,
+        # recorded with its lease), though within the reader's default for older records (120 s).
+        later = read_status(str(tmp_path / "out"), now=time.time() + 90)
+        assert later.state == "partial" and not later.lease.live and later.lease.heartbeat_age_s >= 90
     finally:
         lease.release()
 
