@@ -456,8 +456,13 @@ class RayPipelineOperator(BaseOperator):
 
 @contextmanager
 def _fail_without_retry() -> Iterator[None]:
-    """Bad settings or input, or committed engine errors: a retry would fail the same way."""
+    """Bad settings or input, a stage that breaks its contract, or committed engine errors: a retry
+    would fail the same way.
+
+    Not chained to the error: its message names what is at fault, and a chained traceback would
+    print it a second time in the task log.
+    """
     try:
         yield
     except NotRetryableError as e:
-        raise AirflowFailException(str(e)) from e
+        raise AirflowFailException(str(e)) from None

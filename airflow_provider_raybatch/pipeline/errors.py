@@ -5,6 +5,10 @@ Retryable unless a :class:`NotRetryableError`: the operator fails a task at once
 (a retry would fail the same way) and lets Airflow retry any other.
 """
 
+from __future__ import annotations
+
+import re
+
 #: Exit status of a Ray Job that failed with a :class:`NotRetryableError`.
 NOT_RETRYABLE_EXIT = 3
 #: Prefix of the log line that carries a :class:`NotRetryableError`'s message out of a Ray Job.
@@ -13,6 +17,18 @@ ERROR_PREFIX = "raybatch error: "
 
 class RayBatchError(Exception):
     """Base class of the provider's own errors."""
+
+    def __init__(self, *args: object):
+        super().__init__(*args)
+        #: The message as raised (kept across pickling, as the instance's attributes are): Ray Data
+        #: appends its retry advice to the ``args`` of an error raised in its tasks.
+        self.message = str(args[0]) if args else ""
+
+    def as_raised(self) -> RayBatchError:
+        """This error with its message as raised, without what Ray appended to it on the way."""
+        if self.message and self.args and self.args[0] != self.message:
+            self.args = (self.message, *self.args[1:])
+        return self
 
 
 class NotRetryableError(RayBatchError):
@@ -34,8 +50,13 @@ class InputChangedError(InputError):
     """The input differs from the one the output's ranges were planned on."""
 
 
-class StageError(RayBatchError):
-    """A stage returned something that cannot be written (wrong type or row count)."""
+class StageError(NotRetryableError):
+    """A stage broke its contract: it returned something that cannot be written (wrong type or row
+    count, a missing or reserved column).
+
+    Not retryable: the same predictor on the same rows returns the same thing. Raised on a Ray
+    worker; the driver raises it again as it was, not wrapped in Ray's task error.
+    """
 
 
 class StoreUnavailableError(RayBatchError):
@@ -101,3 +122,43 @@ class JobDeadlineExceeded(RayJobsError):
 
 class JobAlreadyExists(RayJobsError):
     """A job with this submission id exists already (another try submitted it)."""
+
+
+def provider_error_in(error: BaseException) -> RayBatchError | None:
+    """The provider's own error that ``error`` is or wraps, or None.
+
+    Ray raises a worker's exception on the driver as a ``RayTaskError`` whose ``cause`` is the
+    original, and whose text repeats the original's message inside the worker's traceback; Ray
+    Data may chain it behind its own ``UserCodeException``. The original's message alone says what
+    is wrong, and its class whether a retry can help.
+    """
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)  # a RayTaskError: the worker's exception
+        if isinstance(cause, BaseException) and cause is not current:
+            if (found := provider_error_in(cause)) is None:
+                # A Ray task's error wrapped in Ray Data's UserCodeException arrives without its
+                # cause (pickling drops ``__cause__``): only the worker's traceback text names it.
+                found = _from_traceback_text(str(current))
+            if found is not None:
+                return found
+            continue
+        if isinstance(current, RayBatchError):
+            return current
+        pending += [e for e in (current.__cause__, current.__context__) if e is not None]
+    return None
+
+
+def _from_traceback_text(text: str) -> RayBatchError | None:
+    """The last of the provider's errors that a worker's traceback text shows, made again; or None."""
+    found = None
+    for match in re.finditer(rf"^{re.escape(__name__)}\.(\w+): (.+?)(?=\n\n|\Z)", text, re.MULTILINE | re.DOTALL):
+        cls = globals().get(match.group(1))
+        if isinstance(cls, type) and issubclass(cls, RayBatchError):
+            found = cls(match.group(2).strip())
+    return found

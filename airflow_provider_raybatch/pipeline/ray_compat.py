@@ -12,6 +12,7 @@ correctness rests on: when a call is missing or fails on the installed Ray, it i
 | the autoscaler's limits (:func:`autoscaler_limits`) | ``ray._private.state`` | resources are judged by the live nodes alone |
 | re-reading token auth settings (:func:`reload_auth_settings`) | ``ray._raylet`` token loader | a shared head with token auth is joined only by a task that imports Ray after the token is set |
 | the running executor (:func:`streaming_executor`, :func:`executor_operators`) | Ray Data's ``StreamingExecutor`` | a stalled run still fails, without naming the stage that stalled |
+| rows scored so far (:func:`put_count`, :func:`sum_counts`, :func:`delete_counts`) | the GCS key-value store (``ray.experimental.internal_kv``) | progress lines count the rows written, not those scored within a range |
 
 Ray Data's public API has its own differences, handled where they arise: remote arguments that
 are None are left out (:meth:`.resources.ReplicaResources.reservation`), as Ray 2.55's operator
@@ -167,3 +168,54 @@ def executor_operators(executor: Any) -> list[tuple[Any, Any]] | None:
     except AttributeError as e:
         _turn_off("Ray Data's executor topology", e, "a stall is reported without the stage that holds it")
         return None
+
+
+#: The GCS key-value namespace of the counts (:func:`put_count`).
+COUNTS_NAMESPACE = "raybatch"
+_COUNTS = "counts in Ray's key-value store (ray.experimental.internal_kv)"
+
+
+def put_count(key: str, count: int) -> None:
+    """Store ``count`` under ``key`` in the cluster's key-value store (from a worker or the driver)."""
+    if _COUNTS in _disabled:
+        return
+    try:
+        from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
+
+        if _internal_kv_initialized():
+            _internal_kv_put(key, str(count).encode(), overwrite=True, namespace=COUNTS_NAMESPACE)
+    except (ImportError, AttributeError, TypeError) as e:
+        _turn_off(_COUNTS, e, "progress counts the rows written only")
+    except Exception as e:  # noqa: BLE001 - a busy GCS: this count only; progress is a report
+        log.debug("Could not store count %s: %s", key, e)
+
+
+def sum_counts(prefix: str) -> int:
+    """The sum of the counts stored under keys starting with ``prefix`` (0 when there are none)."""
+    if _COUNTS in _disabled:
+        return 0
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+        total = 0
+        for key in _internal_kv_list(prefix, namespace=COUNTS_NAMESPACE):
+            value = _internal_kv_get(key, namespace=COUNTS_NAMESPACE)
+            total += int(value or 0)
+        return total
+    except (ImportError, AttributeError, TypeError) as e:
+        _turn_off(_COUNTS, e, "progress counts the rows written only")
+    except Exception as e:  # noqa: BLE001 - a busy GCS: the next line counts again
+        log.debug("Could not read the counts under %s: %s", prefix, e)
+    return 0
+
+
+def delete_counts(prefix: str) -> None:
+    """Remove the counts stored under keys starting with ``prefix``."""
+    if _COUNTS in _disabled:
+        return
+    try:
+        from ray.experimental.internal_kv import _internal_kv_del
+
+        _internal_kv_del(prefix, del_by_prefix=True, namespace=COUNTS_NAMESPACE)
+    except Exception as e:  # noqa: BLE001 - a few bytes left in the GCS until the Ray stops
+        log.debug("Could not remove the counts under %s: %s", prefix, e)

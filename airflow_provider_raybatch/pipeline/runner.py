@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
+from airflow_provider_raybatch.pipeline.errors import provider_error_in
 from airflow_provider_raybatch.pipeline.execution.block_writer import (
     WritingStageWorker,
     write_block,
@@ -31,11 +32,13 @@ from airflow_provider_raybatch.pipeline.execution.block_writer import (
 )
 from airflow_provider_raybatch.pipeline.execution.predictors import resolve_predictor, warm_imports
 from airflow_provider_raybatch.pipeline.execution.range_commits import RangeCommits
+from airflow_provider_raybatch.pipeline.execution.scored_rows import ScoredRows
 from airflow_provider_raybatch.pipeline.execution.stages import StageWorker
 from airflow_provider_raybatch.pipeline.execution.watchdog import Watchdog
 from airflow_provider_raybatch.pipeline.planning.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
 from airflow_provider_raybatch.pipeline.resources import READ_CPUS, wait_for_cluster_resources
+from airflow_provider_raybatch.pipeline.runtime.driver_logs import route_ray_data_logs
 from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_workers, ray_session
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 
@@ -160,7 +163,9 @@ def _stream(
 
     from airflow_provider_raybatch.pipeline.execution.datasource import RangeDatasource
 
-    DataContext.get_current().enable_progress_bars = False  # progress goes to the log, see _Progress
+    DataContext.get_current().enable_progress_bars = False  # progress goes to the log (Progress.clock)
+    route_ray_data_logs()  # Ray Data's messages into the task log at their level, not as stderr
+    scored = ScoredRows()
     replicas = max(s.max_replicas for s in config.stages)
     datasource = RangeDatasource(in_fs, plan, pending, keep, config.id_column is None, replicas)
     # One block per read task: left to itself, Ray Data splits each read task's output into many
@@ -182,9 +187,14 @@ def _stream(
             # replica would write a file per batch.
             kwargs["batch_size"] = None
         writes = index == last and writes_in_stage
+        constructor: dict[str, Any] = {"stage": stage}
+        if writes:
+            constructor["write"] = commits.write_step_kwargs()
+        if index == last:
+            constructor["scored_prefix"] = scored.prefix  # rows through the pipeline, for the progress lines
         ds = ds.map_batches(
             WritingStageWorker if writes else StageWorker,
-            fn_constructor_kwargs={"stage": stage, **({"write": commits.write_step_kwargs()} if writes else {})},
+            fn_constructor_kwargs=constructor,
             batch_format="pyarrow",
             zero_copy_batch=True,
             udf_modifying_row_count=writes,  # a writing replica returns one metadata row per file
@@ -199,14 +209,23 @@ def _stream(
             batch_size=None,
             **write_step_resources(ray.cluster_resources().get("CPU", 1)),
         )
-    with Watchdog(config.progress_timeout, commits.progress, config.stages, ds) as watchdog:
-        try:
-            for metadata in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
-                watchdog.beat()
-                commits.add(metadata)
-            commits.check_done()
-        except Exception:
-            # Files the write step finished before the failure are committed, so a retry need
-            # not redo their ranges.
-            commits.salvage()
-            raise
+    watchdog = Watchdog(config.progress_timeout, commits.progress, config.stages, ds)
+    try:
+        with commits.progress.clock(scored), watchdog:
+            try:
+                for metadata in ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
+                    watchdog.beat()
+                    commits.add(metadata)
+                commits.check_done()
+            except Exception as e:
+                # Files the write step finished before the failure are committed, so a retry need
+                # not redo their ranges.
+                commits.salvage()
+                if (cause := provider_error_in(e)) is not None and cause is not e:
+                    # Raised on a Ray worker (a stage's contract, a write): its message alone says
+                    # what is wrong, and its class whether a retry can help; Ray's wrapper would
+                    # repeat it inside the worker's traceback.
+                    raise cause.as_raised() from None
+                raise
+    finally:
+        scored.clear()

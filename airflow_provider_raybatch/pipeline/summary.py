@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import TooManyErrorsError
 from airflow_provider_raybatch.pipeline.planning.planner import Plan
+from airflow_provider_raybatch.pipeline.store.retries import seconds_from_env
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two progress lines while the stages run.
 PROGRESS_INTERVAL_S = 10.0
+#: Environment variable: another interval, in seconds (0: a line at the end only).
+PROGRESS_INTERVAL_ENV = "RAYBATCH_PROGRESS_INTERVAL_S"
+
+
+def progress_interval() -> float:
+    """:data:`PROGRESS_INTERVAL_S`, or the value of :data:`PROGRESS_INTERVAL_ENV`."""
+    return seconds_from_env(PROGRESS_INTERVAL_ENV, PROGRESS_INTERVAL_S)
 
 
 @dataclass(frozen=True)
@@ -83,7 +94,12 @@ class RunSummary:
 
 
 class Progress:
-    """Counts committed ranges and logs progress at most every PROGRESS_INTERVAL_S seconds."""
+    """Counts committed ranges and rows scored; logs a progress line on a clock (:meth:`clock`) and at the end.
+
+    A line every :func:`progress_interval` seconds from the moment the stages start, whether or not
+    a range committed since, and one when the last range commits; never one per commit, so a burst
+    of commits does not fill the log.
+    """
 
     def __init__(self, plan: Plan, committed: Mapping[str, Mapping[str, Any]]):
         self.plan = plan
@@ -95,13 +111,24 @@ class Progress:
         self.engine_errors = sum(r.get("engine_errors", 0) for r in committed.values())
         self.done = 0
         self.rows_processed = 0
+        #: Rows of this run in files the write steps reported (committed or not yet).
+        self.rows_written = 0
         #: (range id, time.monotonic()) of this run's latest commit, for the no-progress watchdog.
         self.last_commit: tuple[str, float] | None = None
+        #: Rows the last stage has scored in this run, as its replicas report them (see :meth:`clock`).
+        self._scored: Callable[[], int] = lambda: 0
+        self._streaming_since: float | None = None
+        self._lock = threading.Lock()  # the driver's thread, the flushing thread and the clock's
 
     @property
     def rows_reached(self) -> int:
         """Rows that reached a model: written, or rejected with an engine error."""
         return self.rows_out + self.engine_errors
+
+    @property
+    def rows_scored(self) -> int:
+        """Rows of this run through the last stage: as its replicas report them, or written, or committed."""
+        return max(self._scored(), self.rows_written, self.rows_processed)
 
     def committed(self, index: int, rows: int | None = None, rejected: int = 0, engine_errors: int = 0) -> None:
         rows = self.plan.ranges[index].rows if rows is None else rows
@@ -111,22 +138,62 @@ class Progress:
         self.rows_out += rows
         self.rows_rejected += rejected
         self.engine_errors += engine_errors
-        now = time.monotonic()
-        if now - self.last_log >= PROGRESS_INTERVAL_S or self.skipped + self.done == len(self.plan.ranges):
+        if self.skipped + self.done == len(self.plan.ranges):
+            self.log_line()
+
+    @contextmanager
+    def clock(self, scored: Callable[[], int] | None = None) -> Iterator[None]:
+        """Log a progress line every :func:`progress_interval` seconds meanwhile (the stages are running).
+
+        :param scored: the rows the last stage has scored so far in this run (read on the clock's
+            thread; it must not raise); None: rows written and committed only.
+        """
+        interval = progress_interval()
+        if scored is not None:
+            self._scored = scored
+        self._streaming_since = self.last_log = time.monotonic()
+        stop = threading.Event()
+
+        def tick() -> None:
+            while not stop.wait(max(0.0, self.last_log + interval - time.monotonic())):
+                if time.monotonic() - self.last_log >= interval:
+                    self.log_line()
+
+        thread = threading.Thread(target=tick, name="raybatch-progress", daemon=True) if interval > 0 else None
+        if thread is not None:
+            thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join()
+
+    def log_line(self) -> None:
+        """Log where the run stands: committed ranges and rows, rows scored (when ahead), rate, time left."""
+        with self._lock:
+            now = time.monotonic()
             self.last_log = now
-            rate = self.rows_processed / max(now - self.started, 1e-9)
+            scored = self.rows_scored
+            # The rate of the stages, from when they started (not counting Ray's start-up).
+            since = self.started if self._streaming_since is None else self._streaming_since
+            rate = scored / max(now - since, 1e-9)
             done_rows = self.rows_out + self.rows_rejected
-            left = self.plan.total_rows - done_rows
+            left = max(self.plan.total_rows - (self.rows_out + self.rows_rejected - self.rows_processed) - scored, 0)
             rejected = f" ({self.rows_rejected} rejected)" if self.rows_rejected else ""
+            ahead = f", {scored} scored" if scored > self.rows_processed else ""
+            # Before the first rows are scored (a model still loading) there is no rate to go by.
+            eta = f"about {left / rate if rate else 0:.0f}s left" if rate or not left else "time left not known yet"
             log.info(
-                "Committed %d/%d ranges, %d/%d rows%s, %.0f rows/s, about %.0fs left",
+                "Committed %d/%d ranges, %d/%d rows%s%s, %.0f rows/s, %s",
                 self.skipped + self.done,
                 len(self.plan.ranges),
                 done_rows,
                 self.plan.total_rows,
                 rejected,
+                ahead,
                 rate,
-                left / rate if rate else 0,
+                eta,
             )
 
     def check_errors(self, max_error_fraction: float, output_path: str, *, final: bool) -> None:

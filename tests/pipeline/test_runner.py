@@ -19,7 +19,7 @@ import pytest
 from airflow_provider_raybatch.pipeline import Stage
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.verify import verify_output
-from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError, StageError
 from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_INTERVAL_ENV
 from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
@@ -389,8 +389,9 @@ def test_a_file_name_that_is_not_utf8_is_refused_by_its_escaped_name(tmp_path):
 
 def test_a_stage_returning_the_wrong_row_count_is_named(tmp_path):
     write_input(tmp_path / "in", [100])
+    # Raised on a Ray worker; the driver raises the stage's error itself, not Ray's wrapper.
     with pytest.raises(
-        Exception, match=r"stage 'drop_one_row' returned column 'score' with 99 rows for a batch of 100"
+        StageError, match=r"^stage 'drop_one_row' returned column 'score' with 99 rows for a batch of 100"
     ):
         run_batch_inference(config(tmp_path, predictor="tests.support.predictors:drop_one_row"))
     assert commit_count(tmp_path / "out") == 0

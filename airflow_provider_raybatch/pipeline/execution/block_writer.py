@@ -181,8 +181,12 @@ class WritingStageWorker(StageWorker):
     :func:`write_block` does, yielding the files' metadata.
     """
 
-    def __init__(self, stage: Stage, write: dict[str, Any]):
-        super().__init__(stage)
+    def __init__(self, stage: Stage, write: dict[str, Any], scored_prefix: str | None = None):
+        """:param stage: the stage this replica runs.
+        :param write: :func:`write_block`'s keyword arguments.
+        :param scored_prefix: as :class:`.stages.StageWorker`'s.
+        """
+        super().__init__(stage, scored_prefix)
         self.write = write
 
     def __call__(self, block: pa.Table) -> Iterator[pa.Table]:

@@ -200,6 +200,7 @@ class RangeCommits:
             arrived = self.arrived[index]
             arrived.files[file["kind"]].append(file)
             arrived.blocks.add(file["block"])
+            self.progress.rows_written += file["rows"]
             if file["kind"] == OUTPUT:
                 arrived.rows += file["rows"]
             else:

@@ -23,14 +23,20 @@ from airflow_provider_raybatch.pipeline.columns import (
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.errors import StageError
 from airflow_provider_raybatch.pipeline.execution.predictors import resolve_predictor
+from airflow_provider_raybatch.pipeline.execution.scored_rows import ScoredRowsReporter
 from airflow_provider_raybatch.pipeline.execution.tensors import output_to_table, table_to_numpy
 
 
 class StageWorker:
     """The callable class Ray Data runs per replica: builds the predictor once, then maps batches."""
 
-    def __init__(self, stage: Stage):
+    def __init__(self, stage: Stage, scored_prefix: str | None = None):
+        """:param stage: the stage this replica runs.
+        :param scored_prefix: for the last stage, where it reports the rows it scored
+            (:class:`.scored_rows.ScoredRows`); None: it does not report.
+        """
         self.name = stage.display_name
+        self.scored = None if scored_prefix is None else ScoredRowsReporter(scored_prefix)
         self.batch_format = stage.batch_format
         # Replicas on CPUs get whole blocks from Ray Data (see the runner) and slice them here.
         self.rows_per_call = stage.batch_size if stage.cpus_only else None
@@ -60,6 +66,12 @@ class StageWorker:
             start = end
 
     def _score(self, table: pa.Table) -> pa.Table:
+        scored = self._score_rows(table)
+        if self.scored is not None:
+            self.scored.add(table.num_rows)
+        return scored
+
+    def _score_rows(self, table: pa.Table) -> pa.Table:
         table, rejected = split_rejected(table)
         if table.num_rows == 0:
             return rejected

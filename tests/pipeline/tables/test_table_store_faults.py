@@ -48,7 +48,10 @@ FORMAT_WRITES = {
         "iceberg manifest": ("POST", r"/metadata/[^/?]*\.avro\?uploadId="),
     },
 }
-CASES = [(fmt, write) for fmt in ("delta", "iceberg") for write in [*WRITES, *FORMAT_WRITES[fmt]]]
+#: The writes common to both formats go through the same code whatever the format: faulted on Delta's
+#: path only (CI's minutes); each format's own writes on its own.
+CASES = [("delta", write) for write in [*WRITES, *FORMAT_WRITES["delta"]]]
+CASES += [("iceberg", write) for write in FORMAT_WRITES["iceberg"]]
 
 
 @pytest.fixture

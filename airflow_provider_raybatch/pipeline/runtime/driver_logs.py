@@ -1,0 +1,74 @@
+"""What Ray itself writes in the driver's log (the Airflow task's, or a Ray Job's): readable, at its level.
+
+An Airflow task's stderr reaches its log as ERROR lines, whatever was written there. Ray Data's
+log records ("Starting execution", "Execution plan", "execution finished") go to stderr: its
+``ray.data`` logger has a console handler there and does not propagate. Here they go through
+Python's logging instead, at their own level (INFO and above: what the console handler showed),
+so the task log shows them as what they are. Ray Data's own file handler stays: the full log,
+DEBUG included, is in the Ray session's ``logs/ray-data/`` folder, whose path the "Starting
+execution" line names.
+
+Not handled here: the driver's C++ core worker copies its ERROR lines to stderr besides its log
+file, and on every run one says that a replica's constructor arguments are in the object store
+while it may be restarted (ray-project/ray#53727), which is how Ray Data starts every replica.
+Ray's only knob, ``RAY_BACKEND_LOG_LEVEL``, prints a line of its own to stderr when set.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from airflow_provider_raybatch.pipeline.errors import provider_error_in
+
+#: The least level of Ray Data's records that reach the task log (its console handler's).
+RAY_DATA_TASK_LOG_LEVEL = logging.INFO
+#: Ray Data's variable naming a logging configuration of the user's, which is then left as it is.
+RAY_DATA_LOGGING_CONFIG_ENV = "RAY_DATA_LOGGING_CONFIG"
+#: Ray Data's "log once" key of its warning that progress bars are off (they are, on purpose).
+PROGRESS_BARS_OFF_KEY = "ray_data_progress_manager_disabled"
+
+
+class _ToTaskLog(logging.Handler):
+    """Hands Ray Data's records to the root logger's handlers (the task log's), at their own level.
+
+    Left out, as from Ray Data's console: records it marks hidden (the full stack traces, which
+    its log file keeps), and its records about an exception that wraps one of the provider's own
+    errors: the driver raises that error itself, so that its message comes first and once.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "hide", False):
+            return False
+        # Ray Data logs a task's failure with the exception, or while it handles it.
+        for error in (record.exc_info[1] if record.exc_info else None, sys.exc_info()[1]):
+            if error is not None and provider_error_in(error) is not None:
+                return False
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger().handle(record)
+
+
+def route_ray_data_logs() -> None:
+    """Ray Data's records on this driver go through Python's logging at their level, not to stderr.
+
+    Call it after ``ray.data`` is imported (its import sets its logger up). The console handlers
+    (stream handlers on stderr) are replaced by one that hands INFO and above to the root logger;
+    the file handlers, which write the full log to the Ray session's ``logs/ray-data/``, stay.
+    A configuration of the user's (``RAY_DATA_LOGGING_CONFIG``) is left as it is.
+    Ray Data's warning that progress bars are off is spent ahead: this pipeline turns them off and
+    logs its own progress.
+    """
+    from ray.util.debug import log_once
+
+    log_once(PROGRESS_BARS_OFF_KEY)
+    if os.environ.get(RAY_DATA_LOGGING_CONFIG_ENV):
+        return  # the user's own configuration of Ray Data's logging
+    logger = logging.getLogger("ray.data")
+    for handler in list(logger.handlers):
+        if isinstance(handler, (logging.StreamHandler, _ToTaskLog)) and not isinstance(handler, logging.FileHandler):
+            logger.removeHandler(handler)
+    forward = _ToTaskLog(RAY_DATA_TASK_LOG_LEVEL)
+    logger.addHandler(forward)

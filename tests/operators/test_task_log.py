@@ -1,0 +1,122 @@
+"""What a task's log shows, on a real Airflow (`dag.test()`) and a real local Ray.
+
+`dag.test()` runs the task in this process, so its log is what this process writes: the records
+of Python's logging (Airflow's structlog prints them on stdout with their level) and whatever
+reaches file descriptor 2. A task run by a worker has its stderr forwarded by Airflow's
+supervisor as ERROR lines (``task.stderr``), so any byte on fd 2 counts as an ERROR line here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from airflow.sdk import DAG
+
+from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+from airflow_provider_raybatch.pipeline.summary import PROGRESS_INTERVAL_ENV
+from tests.conftest import run_dag
+from tests.support.data import write_input
+
+pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
+LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
+#: A line Airflow's structlog console renders at ERROR or CRITICAL level.
+ERROR_LEVEL = re.compile(r"\[(error|critical)\s*\]")
+#: The one line left (see pipeline/runtime/driver_logs.py): Ray's C++ core worker in the driver
+#: copies it to stderr at every replica's start (ray-project/ray#53727), with no way to turn it off
+#: but one that writes a line of its own.
+RAY_CORE_WORKER_LINE = re.compile(
+    r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object"
+)
+
+
+def error_lines(caplog: pytest.LogCaptureFixture, out: str, err: str) -> list[str]:
+    """Every line that a worker's task log would show at ERROR level or above (but Ray's known one)."""
+    lines = [f"stderr: {line}" for line in err.splitlines() if line.strip() and not RAY_CORE_WORKER_LINE.search(line)]
+    lines += [line for line in out.splitlines() if ERROR_LEVEL.search(line)]
+    lines += [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+    return lines
+
+
+def test_a_successful_run_logs_no_error_and_ray_data_at_its_own_level(tmp_path, caplog, capfd):
+    write_input(tmp_path / "in", [300, 200])
+    with DAG("quiet_log", schedule=None, start_date=LOGICAL_DATE) as dag:
+        RayBatchInferenceOperator(
+            task_id="score",
+            predictor="tests.support.predictors:score",
+            input_path=str(tmp_path / "in"),
+            output_path=str(tmp_path / "out"),
+            id_column="id",
+            rows_per_range=100,
+        )
+    capfd.readouterr()  # what came before the run
+    with caplog.at_level(logging.INFO):
+        run = run_dag(dag, LOGICAL_DATE)
+    out, err = capfd.readouterr()
+    assert run.get_task_instance("score").state == "success"
+    # No red line: no stderr (Ray Data's console, the core worker's C++ errors), no ERROR record
+    # (Airflow's "XCom not found" for the job link of a run without a Ray job).
+    assert error_lines(caplog, out, err) == []
+    assert "XCom not found" not in out
+    # Ray Data's messages are in the log at their own level, naming where its full log is.
+    ray_data = [r for r in caplog.records if r.name.startswith("ray.data")]
+    assert any("Full logs are in" in r.getMessage() and r.levelno == logging.INFO for r in ray_data), ray_data
+    assert not any("Progress bars disabled" in r.getMessage() for r in ray_data)
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Committed ")]
+    assert progress and progress[-1].startswith("Committed 5/5 ranges, 500/500 rows, ")
+
+
+def test_a_predictor_returning_the_wrong_row_count_fails_once_without_retry_its_message_first(tmp_path, caplog, capfd):
+    write_input(tmp_path / "in", [100])
+    sentence = "stage 'drop_one_row' returned column 'score' with 99 rows for a batch of 100 rows"
+    with DAG("wrong_rows", schedule=None, start_date=LOGICAL_DATE) as dag:
+        RayBatchInferenceOperator(
+            task_id="score",
+            predictor="tests.support.predictors:drop_one_row",
+            input_path=str(tmp_path / "in"),
+            output_path=str(tmp_path / "out"),
+            id_column="id",
+            retries=2,
+            retry_delay=timedelta(0),  # a retry would come at once
+        )
+    capfd.readouterr()
+    with caplog.at_level(logging.INFO):
+        run = run_dag(dag, LOGICAL_DATE)
+    out, err = capfd.readouterr()
+    ti = run.get_task_instance("score")
+    assert (ti.state, ti.try_number) == ("failed", 1)  # not retried: the same predictor fails the same way
+    everything = "\n".join([out, err, *(r.getMessage() for r in caplog.records)])
+    assert everything.count(sentence) == 1, out[-5000:]
+    assert "RayTaskError" not in everything and "Failed to apply UDF" not in everything
+    # The first (and only) line at ERROR level is the task's failure, whose exception is the sentence.
+    errors = error_lines(caplog, out, err)
+    assert len(errors) == 1 and "Task failed with exception" in errors[0], errors
+    failure = out.split(errors[0], 1)[1].split("\n20", 1)[0]  # its traceback, up to the next record
+    assert failure.rstrip().endswith(f"AirflowFailException: {sentence}; a stage must return one row per input row")
+
+
+def test_progress_is_logged_on_a_clock_with_rows_scored_before_the_first_commit(tmp_path, caplog, monkeypatch):
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "1")
+    write_input(tmp_path / "in", [240])
+    with DAG("progress_clock", schedule=None, start_date=LOGICAL_DATE) as dag:
+        # One range of 240 rows, scored 20 at a time, 0.5 s a batch: the range commits after ~6 s.
+        RayBatchInferenceOperator(
+            task_id="score",
+            predictor="tests.support.predictors:SlowScore",
+            predictor_kwargs={"delay_s": 0.5},
+            input_path=str(tmp_path / "in"),
+            output_path=str(tmp_path / "out"),
+            id_column="id",
+            batch_size=20,
+        )
+    with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch"):
+        run = run_dag(dag, LOGICAL_DATE)
+    assert run.get_task_instance("score").state == "success"
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Committed ")]
+    before_commit = [line for line in progress if line.startswith("Committed 0/1 ranges")]
+    assert len(before_commit) >= 2, progress
+    # Rows scored so far, before any range committed.
+    assert any(re.search(r"0/240 rows, \d+ scored, \d+ rows/s", line) for line in before_commit), progress
+    assert progress[-1].startswith("Committed 1/1 ranges, 240/240 rows, "), progress
