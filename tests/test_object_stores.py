@@ -394,7 +394,7 @@ def test_an_anonymous_google_connection_reads_a_public_bucket_without_credential
 def delta_options(store: StoreUnderTest, root: str) -> dict[str, str]:
     """delta-rs's options for ``root``, mapped from the fsspec options the store's connection gives."""
     from airflow_provider_raybatch.pipeline.store.urls import options_for
-    from airflow_provider_raybatch.pipeline.tables.delta import delta_storage_options
+    from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 
     return delta_storage_options(root, options_for(root, storage_options(**store.conn_kwargs)))
 
@@ -447,7 +447,8 @@ def iceberg_catalog(store: StoreUnderTest, root: str, catalog: dict[str, str]):
     """The table's catalog with pyiceberg's FileIO properties for ``root``, mapped from the fsspec options
     the store's connection gives (as the writer gets them)."""
     from airflow_provider_raybatch.pipeline.store.urls import options_for
-    from airflow_provider_raybatch.pipeline.tables.iceberg import file_io_properties, load_catalog
+    from airflow_provider_raybatch.pipeline.tables.iceberg import load_catalog
+    from airflow_provider_raybatch.pipeline.tables.iceberg_storage import file_io_properties
 
     io = file_io_properties(root, options_for(root, storage_options(**store.conn_kwargs)))
     assert io["py-io-impl"] == "pyiceberg.io.fsspec.FsspecFileIO"

@@ -40,17 +40,23 @@ def error_lines(caplog: pytest.LogCaptureFixture, out: str, err: str) -> list[st
     return lines
 
 
-def test_a_successful_run_logs_no_error_and_ray_data_at_its_own_level(tmp_path, caplog, capfd):
-    write_input(tmp_path / "in", [300, 200])
-    with DAG("quiet_log", schedule=None, start_date=LOGICAL_DATE) as dag:
+def score_dag(tmp_path, dag_id: str, predictor: str, **kwargs) -> DAG:
+    """One task scoring ``<tmp>/in`` into ``<tmp>/out`` with ``predictor``."""
+    with DAG(dag_id, schedule=None, start_date=LOGICAL_DATE) as dag:
         RayBatchInferenceOperator(
             task_id="score",
-            predictor="tests.support.predictors:score",
+            predictor=predictor,
             input_path=str(tmp_path / "in"),
             output_path=str(tmp_path / "out"),
             id_column="id",
-            rows_per_range=100,
+            **kwargs,
         )
+    return dag
+
+
+def test_a_successful_run_logs_no_error_and_ray_data_at_its_own_level(tmp_path, caplog, capfd):
+    write_input(tmp_path / "in", [300, 200])
+    dag = score_dag(tmp_path, "quiet_log", "tests.support.predictors:score", rows_per_range=100)
     capfd.readouterr()  # what came before the run
     with caplog.at_level(logging.INFO):
         run = run_dag(dag, LOGICAL_DATE)
@@ -71,16 +77,10 @@ def test_a_successful_run_logs_no_error_and_ray_data_at_its_own_level(tmp_path, 
 def test_a_predictor_returning_the_wrong_row_count_fails_once_without_retry_its_message_first(tmp_path, caplog, capfd):
     write_input(tmp_path / "in", [100])
     sentence = "stage 'drop_one_row' returned column 'score' with 99 rows for a batch of 100 rows"
-    with DAG("wrong_rows", schedule=None, start_date=LOGICAL_DATE) as dag:
-        RayBatchInferenceOperator(
-            task_id="score",
-            predictor="tests.support.predictors:drop_one_row",
-            input_path=str(tmp_path / "in"),
-            output_path=str(tmp_path / "out"),
-            id_column="id",
-            retries=2,
-            retry_delay=timedelta(0),  # a retry would come at once
-        )
+    # retry_delay 0: a retry would come at once
+    dag = score_dag(
+        tmp_path, "wrong_rows", "tests.support.predictors:drop_one_row", retries=2, retry_delay=timedelta(0)
+    )
     capfd.readouterr()
     with caplog.at_level(logging.INFO):
         run = run_dag(dag, LOGICAL_DATE)
@@ -100,17 +100,9 @@ def test_a_predictor_returning_the_wrong_row_count_fails_once_without_retry_its_
 def test_progress_is_logged_on_a_clock_with_rows_scored_before_the_first_commit(tmp_path, caplog, monkeypatch):
     monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "1")
     write_input(tmp_path / "in", [240])
-    with DAG("progress_clock", schedule=None, start_date=LOGICAL_DATE) as dag:
-        # One range of 240 rows, scored 20 at a time, 0.5 s a batch: the range commits after ~6 s.
-        RayBatchInferenceOperator(
-            task_id="score",
-            predictor="tests.support.predictors:SlowScore",
-            predictor_kwargs={"delay_s": 0.5},
-            input_path=str(tmp_path / "in"),
-            output_path=str(tmp_path / "out"),
-            id_column="id",
-            batch_size=20,
-        )
+    # One range of 240 rows, scored 20 at a time, 0.5 s a batch: the range commits after ~6 s.
+    slow = {"predictor_kwargs": {"delay_s": 0.5}, "batch_size": 20}
+    dag = score_dag(tmp_path, "progress_clock", "tests.support.predictors:SlowScore", **slow)
     with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch"):
         run = run_dag(dag, LOGICAL_DATE)
     assert run.get_task_instance("score").state == "success"

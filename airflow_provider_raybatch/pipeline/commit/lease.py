@@ -46,12 +46,19 @@ class LeaseHolder:
     pid: int = field(default_factory=os.getpid)
     pid_started: float | None = field(default_factory=lambda: _process_start(os.getpid()))
 
+    def task_instance(self) -> tuple[str, str, str, str] | None:
+        """(dag id, run id, task id, map index) of an Airflow task's run key; None for another key."""
+        if not self.run_key or self.run_key.count("/") < 3:
+            return None
+        # dag/run/task/map_index: dag and task ids hold no "/", a run id may.
+        dag, rest = self.run_key.split("/", 1)
+        run, task, map_index = rest.rsplit("/", 2)
+        return dag, run, task, map_index
+
     def describe(self) -> str:
         who = []
-        if self.run_key and self.run_key.count("/") >= 3:
-            # dag/run/task/map_index: dag and task ids hold no "/", a run id may.
-            dag, rest = self.run_key.split("/", 1)
-            run, task, map_index = rest.rsplit("/", 2)
+        if (ti := self.task_instance()) is not None:
+            dag, run, task, map_index = ti
             who.append(f"dag {dag}, run {run}, task {task}" + (f" [{map_index}]" if map_index != "-1" else ""))
         elif self.run_key:
             who.append(self.run_key)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import posixpath
+import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
@@ -295,12 +296,11 @@ def _lease_status(owner: OutputLedger, folder: str, scope: str, timeout_s: float
     holder = record.holder
     dag_id = run_id = task_id = None
     map_index = None
-    if holder.run_key and holder.run_key.count("/") >= 3:
-        # dag/run/task/map_index: dag and task ids hold no "/", a run id may (as LeaseHolder.describe reads it).
-        dag_id, rest = holder.run_key.split("/", 1)
-        run_id, task_id, index = rest.rsplit("/", 2)
+    if (ti := holder.task_instance()) is not None:
+        dag_id, run_id, task_id, index = ti
         map_index = int(index) if index.lstrip("-").isdigit() else None
-    gone = holder.is_dead_here() if holder.host == LeaseHolder().host else None
+    # Whether its process has ended is known on its own host only.
+    gone = holder.is_dead_here() if holder.host == socket.gethostname() else None
     age = max(0.0, now - record.heartbeat)
     return LeaseStatus(
         scope=scope,

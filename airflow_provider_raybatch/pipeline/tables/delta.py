@@ -33,15 +33,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     DataFile,
     apply_once,
     columns_to_add,
     commit_metadata,
 )
-
-__all__ = ["DeltaTableWriter", "delta_storage_options"]  # the storage options live in delta_storage.py
 
 
 class DeltaTableWriter:

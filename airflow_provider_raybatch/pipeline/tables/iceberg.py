@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_provider_raybatch.pipeline.errors import OutputSchemaError
-from airflow_provider_raybatch.pipeline.tables.iceberg_storage import OBJECT_PROPERTIES, file_io_properties
+from airflow_provider_raybatch.pipeline.tables.iceberg_storage import OBJECT_PROPERTIES
 from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     SEQ_KEY,
     WRITER_KEY,
@@ -31,8 +31,6 @@ from airflow_provider_raybatch.pipeline.tables.writer_commits import (
     columns_to_add,
     commit_metadata,
 )
-
-__all__ = ["IcebergTableWriter", "file_io_properties", "load_catalog"]  # the FileIO properties: iceberg_storage.py
 
 #: Properties of a table this writer creates. Each Iceberg commit writes the whole table metadata
 #: anew, with the list of every earlier metadata file: without a bound the metadata folder grows

@@ -158,8 +158,7 @@ class TableCommits:
 
     def _apply_new_intents(self) -> None:
         """Read the intents decided since this writer last read them, and apply those, in order."""
-        self.ledger.fs.invalidate_cache(self.folder)
-        paths = sorted(p for p in ls(self.ledger.fs, self.folder) if p.endswith(".json"))
+        paths = sorted(p for p in ls(self.ledger.fs, self.folder) if p.endswith(".json"))  # listed afresh
         known = len(self.intents)
         self.intents += [read_json(self.ledger.fs, p) for p in paths[known:]]
         for n, intent in enumerate(self.intents):
@@ -235,7 +234,7 @@ def check_table_output(config: BatchInferenceConfig) -> None:
         ) from None
     options = options_for(config.output_path, config.storage_options)
     if config.table.format == "delta":
-        from airflow_provider_raybatch.pipeline.tables.delta import delta_storage_options
+        from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 
         delta_storage_options(config.output_path, options)
     else:
@@ -256,13 +255,15 @@ def open_table_writer(
     assert table is not None
     partition_by = list(table.partition)
     if table.format == "delta":
-        from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter, delta_storage_options
+        from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter
+        from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 
         options = delta_storage_options(config.output_path, options_for(config.output_path, config.storage_options))
         return DeltaTableWriter(
             config.output_path, schema, partition_by, writer_id, options, fence=fence, add_columns=table.add_columns
         )
-    from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter, file_io_properties, load_catalog
+    from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter, load_catalog
+    from airflow_provider_raybatch.pipeline.tables.iceberg_storage import file_io_properties
 
     # pyiceberg names local files by URL: the table's files are found however the path was given.
     location = config.output_path if "://" in config.output_path else f"file://{os.path.abspath(config.output_path)}"

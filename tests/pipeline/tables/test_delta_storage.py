@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.pipeline.errors import ConfigError
-from airflow_provider_raybatch.pipeline.tables.delta import delta_storage_options
+from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 from tests.support.storage_servers import service_account_key
 
 ENDPOINT = "http://127.0.0.1:4443"

@@ -243,11 +243,12 @@ def test_a_table_on_s3_through_a_real_s3_protocol(tmp_path, fmt, s3_server):
     if fmt == "delta":
         from deltalake import DeltaTable
 
-        from airflow_provider_raybatch.pipeline.tables.delta import delta_storage_options
+        from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 
         rows = DeltaTable(root, storage_options=delta_storage_options(root, s3_server)).to_pyarrow_table()
     else:
-        from airflow_provider_raybatch.pipeline.tables.iceberg import file_io_properties, load_catalog
+        from airflow_provider_raybatch.pipeline.tables.iceberg import load_catalog
+        from airflow_provider_raybatch.pipeline.tables.iceberg_storage import file_io_properties
 
         catalog = load_catalog({**file_io_properties(root, s3_server), **cfg.table.catalog})
         rows = catalog.load_table(IDENTIFIER).scan().to_arrow()

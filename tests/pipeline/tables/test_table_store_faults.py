@@ -80,11 +80,12 @@ def table_rows(cfg, s3_server):
     if cfg.table.format == "delta":
         from deltalake import DeltaTable
 
-        from airflow_provider_raybatch.pipeline.tables.delta import delta_storage_options
+        from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 
         options = delta_storage_options(cfg.output_path, s3_server)
         return DeltaTable(cfg.output_path, storage_options=options).to_pyarrow_table()
-    from airflow_provider_raybatch.pipeline.tables.iceberg import file_io_properties, load_catalog
+    from airflow_provider_raybatch.pipeline.tables.iceberg import load_catalog
+    from airflow_provider_raybatch.pipeline.tables.iceberg_storage import file_io_properties
 
     catalog = load_catalog({**file_io_properties(cfg.output_path, s3_server), **cfg.table.catalog})
     return catalog.load_table(IDENTIFIER).scan().to_arrow()

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputSchemaError
-from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter, delta_storage_options
+from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter
+from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter
 from airflow_provider_raybatch.pipeline.tables.writer_commits import RANGES_KEY, DataFile
 
