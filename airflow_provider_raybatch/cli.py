@@ -175,9 +175,15 @@ def describe_status(status: Any) -> str:
         lines.append(f"lease: {_lease_line(status.lease)}")
     for partition in status.partitions:
         lease = f"; {_lease_line(partition.lease)}" if partition.lease else ""
+        name = (
+            f"partition {partition.index} ({partition.key})"
+            if partition.index is not None
+            else f"partition {partition.key}"
+        )
+        of = f" of {partition.ranges_planned:,}" if partition.ranges_planned is not None else ""
+        rows_of = f" of {partition.rows_planned:,}" if partition.rows_planned is not None else ""
         lines.append(
-            f"partition {partition.key}: {partition.ranges_committed:,} ranges, "
-            f"{partition.rows_committed:,} rows committed{lease}"
+            f"{name}: {partition.ranges_committed:,}{of} ranges, {partition.rows_committed:,}{rows_of} rows committed{lease}"
         )
     return "\n".join(lines)
 

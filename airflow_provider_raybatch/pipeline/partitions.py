@@ -18,6 +18,7 @@ from typing import Any
 
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.planning.planner import contiguous_groups
 from airflow_provider_raybatch.pipeline.prepare import prepare
 
 log = logging.getLogger(__name__)
@@ -90,10 +91,14 @@ def plan_partitions(config: BatchInferenceConfig, partitions: int, *, ray_job: s
     """
     check_partitions(config, partitions)
     run = prepare(config, ray_job=ray_job)
-    run.release()  # planning holds the output's lease only while it records the plan or resets
     ranges = run.plan.ranges
-    count = min(partitions, len(ranges))
-    groups = [ranges[i * len(ranges) // count : (i + 1) * len(ranges) // count] for i in range(count)]
+    groups = contiguous_groups(ranges, partitions)
+    count = len(groups)
+    try:
+        # Status (the command line, the UI) reads each partition's planned ranges from this count.
+        run.ledger.write_partitions(count)
+    finally:
+        run.release()  # planning holds the output's lease only while it records the plan or resets
     writer = None if config.table is None else config.table.writer
     generation = None if run.generation is None else run.generation.number
     result = [

@@ -17,6 +17,8 @@ Layout of an output folder (layout version 2)::
     _raybatch/lease/                 the writer lease of the whole output (see :mod:`.lease`)
     _raybatch/leases/<partition>/    the writer lease of one partition's ranges
     _raybatch/jobs/<submission id>.json  result of a Ray Job: a run's summary, or the planned partitions
+    _raybatch/partitions.json        how many partitions the last mapped run's planning cut the plan
+                                     into (for status: each partition's ranges follow from the plan)
 
 A range is committed by (1) writing its files under ``_raybatch/tmp/`` (on the Ray workers that
 computed its rows), (2) moving them to their final names (:meth:`OutputLedger.publish`), (3)
@@ -67,6 +69,11 @@ LEASE_DIR = "lease"
 PARTITION_LEASES_DIR = "leases"
 
 
+def partition_key(range_ids: list[str]) -> str:
+    """The name of a partition's lease folder, segments' scope and temporary folder."""
+    return hashlib.sha256("\n".join(range_ids).encode()).hexdigest()[:16]
+
+
 class OutputLedger(CommitLog):
     """Reads and writes the bookkeeping of one output folder: its plan, schemas, files and leases'
     folders here, its commit records by :class:`.commit_log.CommitLog`."""
@@ -74,6 +81,7 @@ class OutputLedger(CommitLog):
     def __init__(self, fs: AbstractFileSystem, root: str, display_path: str):
         super().__init__(fs, root, display_path, f"{root}/{META_DIR}")
         self.plan_path = f"{self.meta}/plan.json"
+        self.partitions_path = f"{self.meta}/partitions.json"
         #: This writer's temporary folder: a partition's writer is given its own (:meth:`tmp_folder`).
         self.tmp_dir = self.tmp_folder()
         self.schemas_dir = f"{self.meta}/schemas"
@@ -89,8 +97,7 @@ class OutputLedger(CommitLog):
         """Where the lease of the whole output (None) or of one partition's ranges lives."""
         if range_ids is None:
             return f"{self.meta}/{LEASE_DIR}"
-        key = hashlib.sha256("\n".join(range_ids).encode()).hexdigest()[:16]
-        return f"{self.meta}/{PARTITION_LEASES_DIR}/{key}"
+        return f"{self.meta}/{PARTITION_LEASES_DIR}/{partition_key(range_ids)}"
 
     def partition_lease_folders(self) -> list[str]:
         return ls(self.fs, f"{self.meta}/{PARTITION_LEASES_DIR}")
@@ -128,6 +135,19 @@ class OutputLedger(CommitLog):
         self.version = plan.version
         self.plan_id = plan.plan_id()
         return plan
+
+    def write_partitions(self, count: int) -> None:
+        """Record that a mapped run's planning cut the plan into ``count`` partitions."""
+        self.fence()
+        write_json(self.fs, self.partitions_path, {"plan_id": self.plan_id, "count": count})
+
+    def load_partitions(self) -> int | None:
+        """The partition count recorded for the current plan; None without one (or for another plan)."""
+        try:
+            data = read_json(self.fs, self.partitions_path)
+        except FileNotFoundError:
+            return None
+        return int(data["count"]) if data.get("plan_id") == self.plan_id else None
 
     def write_plan(self, plan: PlanRecord) -> None:
         write_json(self.fs, self.plan_path, plan.to_json(), compact=True)

@@ -90,6 +90,13 @@ def _cut(row_groups: tuple[int, ...], rows_per_range: int) -> list[tuple[int, in
     return bounds
 
 
+def contiguous_groups(ranges: list[RowRange], count: int) -> list[list[RowRange]]:
+    """``ranges`` cut into ``min(count, len(ranges))`` contiguous groups, as equal in size as possible:
+    a mapped run's partitions (the same ranges and count always give the same groups)."""
+    count = min(count, len(ranges))
+    return [ranges[i * len(ranges) // count : (i + 1) * len(ranges) // count] for i in range(count)]
+
+
 def plan_input(
     fs: AbstractFileSystem,
     fs_path: str,

@@ -26,10 +26,10 @@ from typing import Any, Literal
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger
+from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger, partition_key
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
-from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
+from airflow_provider_raybatch.pipeline.planning.planner import RowRange, contiguous_groups, recorded_ranges
 from airflow_provider_raybatch.pipeline.store.files import ls, read_json, resolve
 
 State = Literal["done", "running", "partial", "not started"]
@@ -81,12 +81,20 @@ class LeaseStatus:
 @dataclass(frozen=True)
 class PartitionStatus:
     """A mapped partition's writer: its lease and the ranges it committed (as its segments hold them;
-    once a whole-output run folds them into the manifest they are no longer told apart)."""
+    once a whole-output run folds them into the manifest they are no longer told apart).
+
+    :param index: its map index, and ``ranges_planned`` / ``rows_planned`` its share of the plan,
+        when the planning task recorded how many partitions it planned (``_raybatch/partitions.json``);
+        None for a writer of another plan. A planned partition is listed before its task starts.
+    """
 
     key: str
     lease: LeaseStatus | None
     ranges_committed: int
     rows_committed: int
+    index: int | None = None
+    ranges_planned: int | None = None
+    rows_planned: int | None = None
 
 
 @dataclass(frozen=True)
@@ -249,7 +257,9 @@ def _read(
     rows_planned = sum(r.rows for r in ranges)
 
     lease = _lease_status(lease_owner, lease_owner.lease_folder(), OUTPUT_SCOPE, lease_timeout_s, now)
-    partitions = _partitions(lease_owner, mine, ledger.last_scopes, lease_timeout_s, now)
+    count = ledger.load_partitions()
+    planned = {} if count is None else {partition_key([r.id for r in g]): g for g in contiguous_groups(ranges, count)}
+    partitions = _partitions(lease_owner, mine, ledger.last_scopes, planned, lease_timeout_s, now)
     live = [s for s in [lease, *(p.lease for p in partitions)] if s is not None and s.live]
 
     timeline = _timeline(mine)
@@ -329,10 +339,12 @@ def _partitions(
     owner: OutputLedger,
     committed: dict[str, dict[str, Any]],
     scopes: dict[str, str],
+    planned: dict[str, list[RowRange]],
     timeout_s: float,
     now: float,
 ) -> list[PartitionStatus]:
-    """The mapped partitions' writers: those with a lease, and those whose segments hold records."""
+    """The mapped partitions' writers: those planned (by key, in plan order), with a lease, or whose
+    segments hold records."""
     counts: dict[str, list[int]] = {}
     for range_id, scope in scopes.items():
         if scope != OUTPUT_SCOPE and range_id in committed:
@@ -341,14 +353,19 @@ def _partitions(
             count[0] += 1
             count[1] += record["rows"] + record.get("rejected", 0)
     folders = {posixpath.basename(f.rstrip("/")): f.rstrip("/") for f in owner.partition_lease_folders()}
+    index = {key: i for i, key in enumerate(planned)}
+    keys = sorted(folders.keys() | counts.keys() | planned.keys(), key=lambda k: (index.get(k, len(index)), k))
     return [
         PartitionStatus(
             key=key,
             lease=_lease_status(owner, folders[key], key, timeout_s, now) if key in folders else None,
             ranges_committed=counts.get(key, [0, 0])[0],
             rows_committed=counts.get(key, [0, 0])[1],
+            index=index.get(key),
+            ranges_planned=len(planned[key]) if key in planned else None,
+            rows_planned=sum(r.rows for r in planned[key]) if key in planned else None,
         )
-        for key in sorted(folders.keys() | counts.keys())
+        for key in keys
     ]
 
 

@@ -112,9 +112,21 @@ def test_a_mapped_partition_is_read_with_its_lease_and_its_commits(tmp_path):
     status = read_status(cfg.output_path)
     assert status.state == "partial" and status.ranges_committed == len(partitions[0].range_ids)
     assert status.lease is not None and status.lease.released  # the planning task's
-    [partition] = status.partitions
-    assert partition.ranges_committed == len(partitions[0].range_ids) and partition.rows_committed == partitions[0].rows
-    assert partition.lease is not None and partition.lease.released and partition.lease.scope == partition.key
+    # Both planned partitions are listed, in map order, the second before its task ever started.
+    first, second = status.partitions
+    assert (first.index, first.ranges_planned, first.rows_planned) == (
+        0,
+        len(partitions[0].range_ids),
+        partitions[0].rows,
+    )
+    assert first.ranges_committed == len(partitions[0].range_ids) and first.rows_committed == partitions[0].rows
+    assert first.lease is not None and first.lease.released and first.lease.scope == first.key
+    assert (second.index, second.ranges_planned, second.rows_planned) == (
+        1,
+        len(partitions[1].range_ids),
+        partitions[1].rows,
+    )
+    assert (second.ranges_committed, second.lease) == (0, None)
 
 
 def test_a_delta_tables_date_is_read_per_writer_from_its_current_generation(tmp_path):
