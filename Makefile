@@ -100,8 +100,8 @@ test-compat: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
 test-fast: $(VENV)/.installed-dev
 	$(PY) -m pytest -m "not slow and not docker and not servers and not ray" $(PYTEST_ARGS)
 
-# All seven benchmarks at full size (about 13 minutes on 2 quiet cores: 10 before throughput.py ran a light
-# model and Daft too, ~3 more by estimate; 25-30 under load); BENCH_ARGS=--quick for small sizes.
+# All eight benchmarks at full size (about 16 minutes on 2 quiet cores: 10 before throughput.py ran a light
+# model and Daft too, ~3 more by estimate, ~3 for images.py; 30-35 under load); BENCH_ARGS=--quick for small sizes.
 # Results: benchmarks/results/ (see benchmarks/README.md).
 bench: $(VENV)/.installed-dev $(DAFT_VENV)/.installed
 	$(PY) -m benchmarks.run_all $(BENCH_ARGS)

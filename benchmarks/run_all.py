@@ -10,7 +10,7 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import checkpoint_cost, commit_cost, fixed_cost, memory, resume, scale, throughput
+from benchmarks import checkpoint_cost, commit_cost, fixed_cost, images, memory, resume, scale, throughput
 from benchmarks.support.paths import DEFAULT_RESULTS_DIR, DEFAULT_WORK_DIR
 from benchmarks.support.results import machine
 
@@ -22,6 +22,7 @@ BENCHMARKS = {
     "commit_cost": (commit_cost, ["--ranges", "20", "--repeats", "1"]),
     "memory": (memory, ["--rows", "200000", "400000"]),
     "scale": (scale, ["--rows", "400000"]),
+    "images": (images, ["--quick"]),
 }
 
 

@@ -18,6 +18,7 @@ complete and Ray is shut down.
   -> ``select`` of the id and a ``@daft.cls`` batch method's logits -> ``write_parquet``. Daft needs pyarrow < 26,
   the project pins 26: this one runs with ``.venv-daft``'s interpreter (``make daft-env``), so
   it imports daft inside its function and this module imports nothing that venv lacks.
+- ``images_*``: the image workload of ``benchmarks/images.py`` (``benchmarks.image_variants``).
 """
 
 from __future__ import annotations
@@ -298,7 +299,21 @@ def ray_start(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _image_variant(name: str):
+    """A variant of ``benchmarks.image_variants`` (images.py), imported when it runs."""
+
+    def run(p: dict[str, Any]) -> dict[str, Any]:
+        from benchmarks.image_variants import VARIANTS as IMAGE_VARIANTS
+
+        return IMAGE_VARIANTS[name](p)
+
+    return run
+
+
+IMAGE_VARIANTS = ("images_plain", "images_operator", "images_handwritten", "images_daft")
+
 VARIANTS = {
+    **{name: _image_variant(name) for name in IMAGE_VARIANTS},
     "operator_series": operator_series,
     "ray_start": ray_start,
     "plain": plain,
@@ -315,7 +330,7 @@ def main(argv: list[str]) -> None:
         sys.path.insert(0, params["package_root"])
     if params.get("fresh_output", True) and "output" in params:
         shutil.rmtree(params["output"], ignore_errors=True)
-    if name == "operator":
+    if name in ("operator", "images_operator"):
         import airflow_provider_raybatch.operators.batch_inference  # noqa: F401 - a task process has it loaded
     started_at = time.time()
     print(f"STARTED {started_at}", flush=True)  # for a parent that kills this run before its result

@@ -195,3 +195,54 @@ def test_status_script_times_the_status_of_a_running_and_a_finished_output(tmp_p
         ("moto S3", "done", 40),
     ]
     assert all(r["median_s"] > 0 for r in rows)
+
+
+def _run_images(tmp_path, *variants: str) -> tuple[dict, dict[str, dict]]:
+    out, work = tmp_path / "results", tmp_path / "data"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.images", "--rows", "20", "--batch-size", "8", "--variants", *variants]
+        + ["--out", str(out), "--work-dir", str(work)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((out / "images.json").read_text())
+    labels = {v: pq.read_table(work / f"out-images-{v}").sort_by("id").to_pydict() for v in variants}
+    return results, labels
+
+
+def test_images_script_classifies_every_image_and_splits_the_time(tmp_path):
+    results, outputs = _run_images(tmp_path, "plain", "operator", "handwritten")
+    assert results["benchmark"] == "images"
+    assert [(r["variant"], r["images"]) for r in results["rows"]] == [
+        ("plain", 20),
+        ("operator", 20),
+        ("handwritten", 20),
+    ]
+    for row in results["rows"]:
+        # Every variant's decode and model calls timed themselves, in Ray's workers too.
+        assert row["decode_s"] > 0 and row["model_s"] > 0 and row["images_per_s"] > 0
+        assert {"to_model_s", "model_gaps_s", "after_model_s"} <= set(row)
+    assert results["rows"][0]["read_s"] > 0 and results["rows"][0]["write_s"] > 0
+    assert [t["measure"] for t in results["targets"]] == [
+        "20 images: operator/plain images/s",
+        "20 images: operator/handwritten images/s",
+    ]
+    # The same preprocessing and model everywhere: the same label for each image.
+    assert outputs["plain"]["id"] == list(range(20))
+    assert outputs["operator"] == outputs["handwritten"] == outputs["plain"]
+
+
+@pytest.mark.skipif(
+    not DAFT_PYTHON.exists() and os.environ.get("CI") != "true",
+    reason="Daft's environment .venv-daft is missing: create it with `make daft-env` (CI's `make test` does)",
+)
+def test_images_daft_variant_classifies_every_image(tmp_path):
+    results, outputs = _run_images(tmp_path, "plain", "daft")
+    assert [(r["variant"], r["images"]) for r in results["rows"]] == [("plain", 20), ("daft", 20)]
+    assert results["rows"][1]["model_s"] > 0
+    # Daft decodes and resizes with its own code: the same images, labels from the same classes.
+    assert outputs["daft"]["id"] == outputs["plain"]["id"] == list(range(20))
+    assert set(outputs["daft"]["label"]) <= set(range(10))

@@ -68,3 +68,59 @@ def moto_s3(bucket: str) -> tuple[dict[str, Any], Any]:
         "s3", aws_access_key_id="testing", aws_secret_access_key="testing", **options["client_kwargs"]
     ).create_bucket(Bucket=bucket)
     return options, server
+
+
+IMAGES_PER_FILE = 500
+IMAGE_ROW_GROUP = 100
+
+
+def make_image_input(work_dir: Path, images: int, per_file: int = IMAGES_PER_FILE, seed: int = 0) -> Path:
+    """Parquet files of ``id`` (int64) and ``image`` (JPEG bytes), reused when already there.
+
+    Generated photos-alike: a colour gradient, noise and a few filled shapes, 224 to 320 pixels a
+    side (resized to 224x224 by the preprocessing), JPEG quality 90 (~15-25 kB each).
+    """
+    import io
+
+    from PIL import Image, ImageDraw
+
+    folder = work_dir / f"images-{images}-{per_file}"
+    marker = folder / "_COMPLETE"
+    if marker.exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    start, index = 0, 0
+    while start < images or index == 0:
+        n = min(per_file, images - start)
+        encoded = []
+        for _ in range(n):
+            width, height = (int(v) for v in rng.integers(224, 321, size=2))
+            ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+            a, b = rng.uniform(0, 255, size=(2, 3)).astype(np.float32)
+            pixels = a + (b - a) * ((xs / width + ys / height) / 2)[..., None]
+            pixels += rng.normal(0, 12, size=pixels.shape).astype(np.float32)
+            image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+            draw = ImageDraw.Draw(image)
+            for _ in range(int(rng.integers(2, 6))):
+                x0, y0 = int(rng.integers(0, width - 40)), int(rng.integers(0, height - 40))
+                box = (x0, y0, x0 + int(rng.integers(20, 120)), y0 + int(rng.integers(20, 120)))
+                fill = tuple(int(c) for c in rng.integers(0, 256, size=3))
+                (draw.ellipse if rng.random() < 0.5 else draw.rectangle)(box, fill=fill)
+            buffer = io.BytesIO()
+            image.save(buffer, format="JPEG", quality=90)
+            encoded.append(buffer.getvalue())
+        table = pa.table(
+            {"id": pa.array(np.arange(start, start + n, dtype=np.int64)), "image": pa.array(encoded, pa.binary())}
+        )
+        pq.write_table(table, folder / f"part-{index:04d}.parquet", row_group_size=IMAGE_ROW_GROUP)
+        start, index = start + n, index + 1
+    marker.touch()
+    return folder
+
+
+def cnn_weights(work_dir: Path) -> Path:
+    from benchmarks.cnn import save_cnn_weights
+
+    return save_cnn_weights(work_dir / "cnn.safetensors")

@@ -21,6 +21,7 @@ from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError, InputError, StageError
 from airflow_provider_raybatch.pipeline.execution.range_commits import RECORD_INTERVAL_ENV
+from airflow_provider_raybatch.pipeline.execution.stages import HAND_ON_BYTES_ENV
 from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import RunSummary
@@ -504,6 +505,33 @@ def test_replicas_on_cpus_read_and_write_their_own_rows(tmp_path):
     assert_exactly_once(out, range(380))
     # Batches of 40 rows inside blocks of 100: a range's rows still go to one file.
     assert len(list((tmp_path / "out").glob("part-*.parquet"))) == 3 + 2
+
+
+HAND_ON_SCRIPT = """
+import sys
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+stages = [Stage("tests.support.predictors:normalize", batch_size=40), Stage("tests.support.predictors:SumModel", batch_size=40)]
+run_batch_inference(BatchInferenceConfig(sys.argv[1], sys.argv[2], stages, id_column="id", rows_per_range=100))
+"""
+
+
+def test_large_scored_rows_go_on_within_a_range_and_each_range_is_committed_once(tmp_path):
+    write_input(tmp_path / "in", [250, 130])
+    # Every scored batch weighs more than a byte: each is handed on at once, within its range.
+    ray_tmp, env = own_ray_env({HAND_ON_BYTES_ENV: "1"})
+    args = [sys.executable, "-c", HAND_ON_SCRIPT, str(tmp_path / "in"), str(tmp_path / "out")]
+    try:
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        kill_leftovers(ray_tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "out"
+    # Ranges of 100 rows reached the writing stage in blocks of 40 + 40 + 20 rows: a file each,
+    # and each range committed once, when all its files were written.
+    assert len(list(out.glob("part-*.parquet"))) == 3 + 3 + 2 + 3 + 1
+    assert commit_count(out) == 5
+    assert_output_sound(out, range(380))
 
 
 GPU_SCRIPT = """

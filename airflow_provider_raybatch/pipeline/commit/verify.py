@@ -1,7 +1,7 @@
 """Check a finished output against its ledger: ``python -m airflow_provider_raybatch verify <output_path>``.
 
-What a reader of the output relies on: every committed file is there with the rows its record
-names, every record was written under the output's plan (not by a writer of a plan since replaced), no part file is there without a record, every planned range is committed, and the row
+What a reader of the output relies on: every committed file is there, a range's files with the
+rows its record names, every record was written under the output's plan (not by a writer of a plan since replaced), no part file is there without a record, every planned range is committed, and the row
 key is unique over the output and its rejects (each input row written exactly once).
 """
 
@@ -50,10 +50,17 @@ def verify_output(
     foreign = sorted(r for r, record in committed.items() if record.get("plan", plan_id) != plan_id)
     add_faults(faults, "range(s) committed under another plan than the output's (a mixed output)", foreign)
 
-    recorded_files = {}  # relative path -> rows its record names
+    # A range's output files hold its rows together, and its rejects files its rejected rows: a
+    # range that reached the writers in several blocks has several of each.
+    recorded_files: dict[str, int] = {}  # relative path -> its group's index in `groups`
+    groups: list[tuple[list[str], int]] = []  # (files, rows their record names)
     for record in committed.values():
-        for name in record["files"]:
-            recorded_files[name] = record.get("rejected", 0) if name.startswith(f"{REJECTS_DIR}/") else record["rows"]
+        rejects = [n for n in record["files"] if n.startswith(f"{REJECTS_DIR}/")]
+        outputs = [n for n in record["files"] if not n.startswith(f"{REJECTS_DIR}/")]
+        for names, rows in ((outputs, record["rows"]), (rejects, record.get("rejected", 0))):
+            if names:
+                recorded_files.update(dict.fromkeys(names, len(groups)))
+                groups.append((names, rows))
     present = {
         posixpath.relpath(p, ledger.root)
         for folder in (ledger.root, ledger.rejects_dir)
@@ -65,18 +72,23 @@ def verify_output(
     add_faults(faults, "part file(s) without a commit record", sorted(present - set(recorded_files)))
 
     id_column = plan.job.get("id_column") or ROW_ID_COLUMN
-    wrong_rows, ids = [], []
+    ids: list[Any] = []
+    file_rows: dict[str, int] = {}
     to_read = sorted(set(recorded_files) & present)
     for done, name in enumerate(to_read, 1):
         with fs.open(f"{ledger.root}/{name}", "rb") as f:
             parquet = pq.ParquetFile(f)
-            rows = parquet.metadata.num_rows
+            rows = file_rows[name] = parquet.metadata.num_rows
             if rows:
                 ids.extend(parquet.read(columns=[id_column]).column(id_column).to_pylist())
-        if rows != recorded_files[name]:
-            wrong_rows.append(f"{name} ({rows} rows, recorded {recorded_files[name]})")
         if progress is not None:
             progress(done, len(to_read))
+    wrong_rows = []
+    for names, recorded in groups:
+        if all(n in file_rows for n in names):  # a missing file is a fault of its own (above)
+            rows = sum(file_rows[n] for n in names)
+            if rows != recorded:
+                wrong_rows.append(f"{' + '.join(sorted(names))} ({rows} rows, recorded {recorded})")
     add_faults(faults, "file(s) whose rows differ from their record", wrong_rows)
     duplicated = sorted((i for i, n in Counter(ids).items() if n > 1), key=repr)
     add_faults(faults, f"{id_column} value(s) written more than once", [repr(i) for i in duplicated])

@@ -4,6 +4,7 @@ of rows a stage rejects. Rows carry internal columns through the stages (:mod:`a
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,10 +22,29 @@ from airflow_provider_raybatch.pipeline.columns import (
     REJECT_KIND_COLUMN,
 )
 from airflow_provider_raybatch.pipeline.config import Stage
-from airflow_provider_raybatch.pipeline.errors import StageError
+from airflow_provider_raybatch.pipeline.errors import ConfigError, StageError
 from airflow_provider_raybatch.pipeline.execution.predictors import resolve_predictor
 from airflow_provider_raybatch.pipeline.execution.scored_rows import ScoredRowsReporter
 from airflow_provider_raybatch.pipeline.execution.tensors import output_to_table, table_to_numpy
+
+#: Environment variable: the bytes of scored rows a replica holds at most before handing them on,
+#: even within a range (:data:`DEFAULT_HAND_ON_BYTES`).
+HAND_ON_BYTES_ENV = "RAYBATCH_HAND_ON_BYTES"
+#: Half of Ray Data's target block size. A range of decoded images (600 kB each as float32) would
+#: otherwise be handed to the next stage only once all of it is decoded: the model waited for
+#: whole 500-image ranges (benchmarks/images.py), and the replica held them in memory. Tabular
+#: rows stay well under it, so their ranges still go on, and are written, whole.
+DEFAULT_HAND_ON_BYTES = 64 * 2**20
+
+
+def hand_on_bytes() -> int:
+    """:data:`DEFAULT_HAND_ON_BYTES`, or the value of :data:`HAND_ON_BYTES_ENV`."""
+    value = os.environ.get(HAND_ON_BYTES_ENV, "").strip()
+    if not value:
+        return DEFAULT_HAND_ON_BYTES
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"{HAND_ON_BYTES_ENV} must be a number of bytes >= 1, got {value!r}")
+    return int(value)
 
 
 class StageWorker:
@@ -40,6 +60,7 @@ class StageWorker:
         self.batch_format = stage.batch_format
         # Replicas on CPUs get whole blocks from Ray Data (see the runner) and slice them here.
         self.rows_per_call = stage.batch_size if stage.cpus_only else None
+        self.hand_on_bytes = hand_on_bytes()
         target = resolve_predictor(stage)
         if inspect.isclass(target):
             self.fn, self.kwargs = target(**stage.predictor_kwargs), {}
@@ -53,17 +74,30 @@ class StageWorker:
             return
         # A whole block may hold many ranges (one read task reads a row group's): each run of
         # whole ranges of about a batch goes on as soon as it is scored, so that its ranges are
-        # written and committed while the rest of the block is scored.
+        # written and committed while the rest of the block is scored. Large rows (decoded
+        # images) go on every hand_on_bytes, within a range too: the next stage starts sooner
+        # and a replica never holds a whole range of them; a range in several blocks is committed
+        # once all of them are written, as the blocks a GPU stage's batches make.
         start = 0
         for end in _cuts_between_ranges(table, size):
             part = table.slice(start, end - start)
-            scored = [self._score(part.slice(i, size)) for i in range(0, part.num_rows, size)]
-            try:
-                # As Ray Data joins batches into a block: missing columns become nulls, numbers widen.
-                yield pa.concat_tables(scored, promote_options="permissive")
-            except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-                raise StageError(f"stage {self.name!r} returned batches whose columns do not fit together: {e}") from e
+            scored: list[pa.Table] = []
+            held = 0
+            for i in range(0, part.num_rows, size):
+                scored.append(self._score(part.slice(i, size)))
+                held += scored[-1].nbytes
+                if held >= self.hand_on_bytes and i + size < part.num_rows:
+                    yield self._join(scored)
+                    scored, held = [], 0
+            yield self._join(scored)
             start = end
+
+    def _join(self, scored: list[pa.Table]) -> pa.Table:
+        try:
+            # As Ray Data joins batches into a block: missing columns become nulls, numbers widen.
+            return pa.concat_tables(scored, promote_options="permissive")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+            raise StageError(f"stage {self.name!r} returned batches whose columns do not fit together: {e}") from e
 
     def _score(self, table: pa.Table) -> pa.Table:
         scored = self._score_rows(table)
