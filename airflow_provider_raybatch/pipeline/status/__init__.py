@@ -3,6 +3,7 @@ would draw, from one typed model (:mod:`.output_status`, :mod:`.rejects`). Impor
 Airflow."""
 
 from airflow_provider_raybatch.pipeline.status.output_status import (
+    FileProgress,
     LeaseStatus,
     OutputNotFoundError,
     OutputStatus,
@@ -14,6 +15,7 @@ from airflow_provider_raybatch.pipeline.status.output_status import (
 from airflow_provider_raybatch.pipeline.status.rejects import RejectsSample, read_rejects
 
 __all__ = [
+    "FileProgress",
     "LeaseStatus",
     "OutputNotFoundError",
     "OutputStatus",
