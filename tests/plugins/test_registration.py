@@ -5,7 +5,6 @@ Airflow serves (no Ray, torch or pyarrow imported to load it)."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 
 from airflow_provider_raybatch.get_provider_info import get_provider_info
 from tests.support.pipeline_runs import REPO
+from tests.support.ui_outputs import entry_point_installed
 
 PLUGIN_CLASS = "airflow_provider_raybatch.plugins.plugin.RayBatchPlugin"
 
@@ -30,10 +30,6 @@ def airflow_plugins(env: dict[str, str]) -> list[dict]:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout[result.stdout.index("[") :])
-
-
-def entry_point_installed() -> bool:
-    return any(ep.name == "raybatch" for ep in importlib.metadata.entry_points(group="airflow.plugins"))
 
 
 def check_listed(plugins: list[dict]) -> dict:

@@ -44,7 +44,9 @@ def reject_some(batch: dict[str, np.ndarray]) -> dict[str, Any]:
     return {"score": batch["features"].sum(axis=1), "__raybatch_reject": reasons, "__raybatch_reject_kind": kinds}
 
 
-def outputs_dag(root: Path, dag_id: str = DAG_ID):
+def outputs_dag(
+    root: Path, dag_id: str = DAG_ID, predictor: str = "tests.support.ui_outputs:reject_some", **predictor_kwargs: Any
+):
     """One inference task over ``root/in`` into ``root/out/{{ ds }}`` (a templated path, as a daily DAG has)."""
     from airflow.sdk import DAG
 
@@ -53,7 +55,8 @@ def outputs_dag(root: Path, dag_id: str = DAG_ID):
     with DAG(dag_id, schedule=None, start_date=datetime(2026, 11, 1, tzinfo=UTC)) as dag:
         RayBatchInferenceOperator(
             task_id=TASK_ID,
-            predictor="tests.support.ui_outputs:reject_some",
+            predictor=predictor,
+            predictor_kwargs=predictor_kwargs,
             input_path=str(root / "in"),
             output_path=str(root / "out") + "/{{ ds }}",
             id_column="id",
@@ -65,31 +68,41 @@ def outputs_dag(root: Path, dag_id: str = DAG_ID):
     return dag
 
 
-KILLED_RUN = """
-import sys
+RUN_DAG = """
+import json, sys
 from datetime import datetime
 from pathlib import Path
 from tests.conftest import run_dag
 from tests.support.ui_outputs import outputs_dag
 date = datetime.fromisoformat(sys.argv[2])
-run_dag(outputs_dag(Path(sys.argv[1])), date)
+run_dag(outputs_dag(Path(sys.argv[1]), **json.loads(sys.argv[3])), date)
 """
 
 
-def run_killed(root: Path, logical_date: datetime, commits: int) -> subprocess.Popen:
-    """Run the DAG's task for ``logical_date`` with ``dag.test()`` in a process of its own (its own
-    Ray), SIGKILLed right after its ``commits``-th commit record: a task instance killed part-way."""
-    ray_tmp, env = own_ray_env({"RAYBATCH_TEST_CRASH": f"committed:{commits}", **RECORD_EACH_RANGE})
+def start_run(
+    root: Path, logical_date: datetime, env: dict[str, str] | None = None, **dag_kwargs: Any
+) -> subprocess.Popen:
+    """Run the DAG's task for ``logical_date`` with ``dag.test()`` in a process of its own, with a
+    Ray of its own (``proc.ray_tmp``)."""
+    ray_tmp, env = own_ray_env({**RECORD_EACH_RANGE, **(env or {})})
     proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_RUN, str(root), logical_date.isoformat()],
+        [sys.executable, "-c", RUN_DAG, str(root), logical_date.isoformat(), json.dumps(dag_kwargs)],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    proc.ray_tmp = ray_tmp
+    return proc
+
+
+def run_killed(root: Path, logical_date: datetime, commits: int, **dag_kwargs: Any) -> subprocess.Popen:
+    """Run the DAG's task for ``logical_date`` in a process of its own, SIGKILLed right after its
+    ``commits``-th commit record: a task instance killed part-way."""
+    proc = start_run(root, logical_date, {"RAYBATCH_TEST_CRASH": f"committed:{commits}"}, **dag_kwargs)
     proc.output = proc.communicate(timeout=300)[0]
-    kill_leftovers(ray_tmp)
+    kill_leftovers(proc.ray_tmp)
     return proc
 
 
@@ -177,6 +190,14 @@ class RangeByRangeWriter:
         self.stop.set()
         self.thread.join(10)
         self.lease.release()
+
+
+def entry_point_installed() -> bool:
+    """Whether the installed metadata has the plugin's ``airflow.plugins`` entry point (an install
+    made before it existed has not: Airflow then finds the plugin through the provider only)."""
+    import importlib.metadata
+
+    return any(ep.name == "raybatch" for ep in importlib.metadata.entry_points(group="airflow.plugins"))
 
 
 def wait_for(what: str, check, timeout_s: float = 60.0, every_s: float = 0.5):

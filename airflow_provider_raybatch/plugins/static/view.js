@@ -10,6 +10,7 @@
 
   const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
   const num = (v) => (v === null || v === undefined ? "?" : Number(v).toLocaleString("en-US"));
+  const compact = (v) => new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 1 }).format(v);
   const pct = (f) => (100 * (f || 0)).toFixed(1) + "%";
   const enc = encodeURIComponent;
   function dur(s) {
@@ -76,7 +77,7 @@
       `<line x1="${L}" y1="${y(ymax)}" x2="${W - R}" y2="${y(ymax)}" stroke="var(--muted)" stroke-dasharray="4 3"/>` +
       `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" stroke="var(--line)"/>` +
       `<path d="${d}" fill="none" stroke="var(--run)" stroke-width="2"/>` +
-      `<text x="${L - 6}" y="${y(ymax) + 4}" text-anchor="end">${esc(num(ymax))}</text>` +
+      `<text x="${L - 6}" y="${y(ymax) + 4}" text-anchor="end">${esc(compact(ymax))}</text>` +
       `<text x="${L - 6}" y="${H - B + 4}" text-anchor="end">0</text>` +
       `<text x="${L}" y="${H - 6}">${esc(when(t0).slice(11))}</text>` +
       `<text x="${W - R}" y="${H - 6}" text-anchor="end">${esc(when(t1).slice(11))} (+${esc(dur(t1 - t0))})</text></svg>`;
