@@ -26,13 +26,16 @@ READ_THREADS = 8
 _verifier = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="raybatch-verify")
 
 
-def output_figures(output: ResolvedOutput, *, detail: bool = True, rejects: bool = True) -> dict[str, Any]:
+def output_figures(
+    output: ResolvedOutput, *, detail: bool = True, rejects: bool = True, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A task instance's output: its status (per writer for a table), a sample of its rejects,
     and, for a mapped task instance, its own partition.
 
     :param output: the resolved output.
     :param detail: with the input plan per file and the committed ranges' picture.
     :param rejects: with a sample of rejected rows (read from committed rejects files).
+    :param options: the store's fsspec options (default: resolved from the task's connections).
     """
     from airflow_provider_raybatch.pipeline.status import OutputNotFoundError
 
@@ -45,7 +48,7 @@ def output_figures(output: ResolvedOutput, *, detail: bool = True, rejects: bool
         )
         return document
     try:
-        options = storage_options(output)
+        options = storage_options(output) if options is None else options
         statuses = _statuses(output, options, detail)
     except OutputNotFoundError as e:
         document["message"] = f"no output there yet: {e}"
@@ -56,8 +59,9 @@ def output_figures(output: ResolvedOutput, *, detail: bool = True, rejects: bool
     document["found"] = True
     for status in statuses:
         entry = status.to_dict()
+        entry.pop("rejects_files", None)
         if rejects and status.rows_rejected:
-            entry["rejects"] = _rejects(status.path, options)
+            entry["rejects"] = _rejects(status, options)
         if output.ref.map_index >= 0:
             entry["partition"] = _own_partition(entry, output)
         document["outputs"].append(entry)
@@ -73,10 +77,14 @@ def _statuses(output: ResolvedOutput, options: dict[str, Any] | None, detail: bo
     return read_table_status(output.path, output.partition or {}, options, detail=detail)
 
 
-def _rejects(path: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    from airflow_provider_raybatch.pipeline.status import read_rejects
+def _rejects(status: Any, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Counts from the status, and the first rows of the committed rejects files it found (the
+    commit records are not read again)."""
+    from airflow_provider_raybatch.pipeline.status import RejectsSample, sample_rejects
 
-    sample = read_rejects(path, options, REJECTS_SAMPLE).to_dict()
+    files = status.rejects_files or []
+    rows = sample_rejects(status.path, files, options, REJECTS_SAMPLE)
+    sample = RejectsSample(status.path, status.rows_rejected, status.engine_errors, rows, files).to_dict()
     sample["rows"] = [{k: _short(v) for k, v in row.items()} for row in sample["rows"]]
     return sample
 

@@ -170,7 +170,23 @@ def test_a_user_logs_in_and_sees_a_running_tasks_progress_advance(tmp_path, api_
         second = wait_for("the bar to advance", lambda: (f := _fraction(browser)) > first + 0.05 and f, 60)
         browser.switch_to.default_content()
         browser.save_screenshot(str(shots[1]))
-    print(f"\nscreenshots: {shots[0]} ({first:.0%}), {shots[1]} ({second:.0%}); {time.monotonic() - started:.0f} s")
+
+        # The DAG run's and the DAG's tabs: the task's line, and its date's cell, running.
+        for route, element, shot in (
+            (f"runs/{quote(RUN_ID, safe='')}/plugin/raybatch-run", "lines", "dag-run.png"),
+            ("plugin/raybatch-dag", "dag-grid", "dag.png"),
+        ):
+            browser.get(f"{api_server}/dags/{DAG_ID}/{route}")
+            frame = wait_for("the view's frame", lambda: browser.find_elements(By.TAG_NAME, "iframe"), 60)[0]
+            browser.switch_to.frame(frame)
+            table = wait_for(f"#{element}", lambda e=element: browser.find_elements(By.ID, e), 60)[0]
+            assert TASK_ID in table.text
+            assert browser.find_elements(By.CSS_SELECTOR, f"#{element} [data-state=running], #{element} .s-running")
+            browser.switch_to.default_content()
+            browser.save_screenshot(str(SCREENSHOTS / shot))
+            shots.append(SCREENSHOTS / shot)
+    print(f"\nscreenshots: {shots[0]} ({first:.0%}), {shots[1]} ({second:.0%}), {shots[2]}, {shots[3]}")
+    print(f"browser test: {time.monotonic() - started:.0f} s")
     assert 0 < first < second
     assert all(s.stat().st_size > 10_000 for s in shots)
 

@@ -12,7 +12,7 @@ from airflow_provider_raybatch.pipeline.status.output_status import (
     read_status,
     read_table_status,
 )
-from airflow_provider_raybatch.pipeline.status.rejects import RejectsSample, read_rejects
+from airflow_provider_raybatch.pipeline.status.rejects import RejectsSample, read_rejects, sample_rejects
 
 __all__ = [
     "FileProgress",
@@ -25,4 +25,5 @@ __all__ = [
     "read_rejects",
     "read_status",
     "read_table_status",
+    "sample_rejects",
 ]

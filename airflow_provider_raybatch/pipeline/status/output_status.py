@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger
+from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, REJECTS_DIR, OutputLedger
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
 from airflow_provider_raybatch.pipeline.planning.planner import recorded_ranges
@@ -131,6 +131,8 @@ class OutputStatus:
     :param files: with ``detail``: the input plan, per file (rows, ranges, and what is committed).
     :param committed_mask: with ``detail``: one character per planned range in plan order, ``1``
         committed, ``0`` not (a picture of which ranges are done).
+    :param rejects_files: with ``detail``: the committed rejects files, relative to the output, in
+        range order (a sample is read from them: :func:`.rejects.sample_rejects`).
     """
 
     path: str
@@ -158,6 +160,7 @@ class OutputStatus:
     ranges_in_table_commits: int | None = None
     files: list[FileProgress] | None = None
     committed_mask: str | None = None
+    rejects_files: list[str] | None = None
 
     @property
     def fraction_done(self) -> float:
@@ -167,7 +170,7 @@ class OutputStatus:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with :attr:`fraction_done` (the ``detail`` fields only when read)."""
         document = {**asdict(self), "fraction_done": round(self.fraction_done, 6)}
-        for name in ("files", "committed_mask"):
+        for name in ("files", "committed_mask", "rejects_files"):
             if document[name] is None:
                 del document[name]
         return document
@@ -316,6 +319,14 @@ def _read(
         objects_read=dict(ledger.last_read),
         files=_files(plan.input, ranges, mine) if detail else None,
         committed_mask="".join("1" if r.id in mine else "0" for r in ranges) if detail else None,
+        rejects_files=rejects_files(mine) if detail else None,
+    )
+
+
+def rejects_files(committed: dict[str, dict[str, Any]]) -> list[str]:
+    """The rejects files the commit records ``committed`` name, relative to the output, sorted."""
+    return sorted(
+        name for record in committed.values() for name in record["files"] if name.startswith(f"{REJECTS_DIR}/")
     )
 
 
