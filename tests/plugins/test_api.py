@@ -5,14 +5,12 @@ then), resumed by its next try (its figures after), read through the task instan
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 from datetime import UTC, datetime
 
 import pytest
-from fastapi.testclient import TestClient
 
 from airflow_provider_raybatch.pipeline.status import read_status
 from tests.conftest import run_dag
@@ -22,7 +20,9 @@ from tests.support.ui_outputs import (
     REJECTED,
     ROWS_PER_FILE,
     TASK_ID,
+    Api,
     auth_environment,
+    environment,
     give_dag_to_team,
     outputs_dag,
     run_killed,
@@ -32,50 +32,6 @@ pytestmark = pytest.mark.usefixtures("airflow_db", "ray_local")
 
 KILLED_DATE = datetime(2026, 11, 20, tzinfo=UTC)
 DONE_DATE = datetime(2026, 11, 21, tzinfo=UTC)
-
-
-@contextlib.contextmanager
-def environment(values: dict[str, str]):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-class Api:
-    """The plugin's app in a TestClient, with a JWT per user from the configured auth manager."""
-
-    def __init__(self):
-        from airflow.api_fastapi.app import init_auth_manager
-        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-
-        from airflow_provider_raybatch.plugins.api import app
-
-        self.client = TestClient(app)
-        manager = init_auth_manager()
-        self.tokens = {
-            name: manager.generate_jwt(
-                SimpleAuthManagerUser(username=name, role=role.split(":")[0], teams=role.split(":")[1:] or None)
-            )
-            for name, role in (
-                ("admin", "admin"),
-                ("alice", "user:team_a"),
-                ("vera", "viewer:team_a"),
-                ("bob", "user:team_b"),
-            )
-        }
-
-    def call(self, method: str, path: str, user: str | None = "alice", **kwargs):
-        headers = kwargs.pop("headers", {})
-        if user is not None:
-            headers["Authorization"] = f"Bearer {self.tokens[user]}"
-        return self.client.request(method, path, headers=headers, **kwargs)
 
 
 def ti_path(run_id: str) -> str:

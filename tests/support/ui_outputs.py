@@ -5,6 +5,7 @@ watches."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -213,3 +214,43 @@ def wait_for(what: str, check, timeout_s: float = 60.0, every_s: float = 0.5):
 
 def repo_env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class Api:
+    """The plugin's app in a TestClient, with a JWT per user from the configured auth manager."""
+
+    def __init__(self):
+        from airflow.api_fastapi.app import init_auth_manager
+        from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+        from fastapi.testclient import TestClient
+
+        from airflow_provider_raybatch.plugins.api import app
+
+        self.client = TestClient(app)
+        manager = init_auth_manager()
+        self.tokens = {
+            name: manager.generate_jwt(
+                SimpleAuthManagerUser(username=name, role=role.split(":")[0], teams=role.split(":")[1:] or None)
+            )
+            for name, role in USERS.items()
+        }
+
+    def call(self, method: str, path: str, user: str | None = "alice", **kwargs):
+        headers = kwargs.pop("headers", {})
+        if user is not None:
+            headers["Authorization"] = f"Bearer {self.tokens[user]}"
+        return self.client.request(method, path, headers=headers, **kwargs)
