@@ -139,7 +139,7 @@ def dag_figures(dag_id: str, limit: int = Query(DAG_PAGE_RUNS, ge=1, le=500)) ->
 
 def _one_per_task(outputs: list[Any]) -> list[Any]:
     """A mapped task's instances share one output: its first map index stands for it on a DAG page
-    (its figures are the whole output's), with the worst state among them."""
+    (the figures are the whole output's)."""
     first: dict[tuple[str, str], Any] = {}
     for output in outputs:
         first.setdefault((output.ref.run_id, output.ref.task_id), output)
