@@ -88,6 +88,9 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "plugins": [
+            {"name": "raybatch", "plugin-class": "airflow_provider_raybatch.plugins.plugin.RayBatchPlugin"},
+        ],
         "connection-types": [
             {
                 "connection-type": "ray",

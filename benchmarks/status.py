@@ -1,4 +1,5 @@
-"""Status cost: how long ``raybatch status`` (:func:`read_status`) takes on an output of N ranges.
+"""Status cost: how long ``raybatch status`` (:func:`read_status`) and the UI plugin's task instance
+endpoint (its handler) take on an output of N ranges.
 
 The bookkeeping of an output of ``--ranges`` ranges (1,000 input files of row groups cut into
 100,000-row ranges; no data files: status never reads one) is written by the ledger's own code:
@@ -18,6 +19,7 @@ filesystem and on a moto S3 server on loopback.
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import time
@@ -114,12 +116,40 @@ def time_status(url: str, options: dict[str, Any] | None, repeats: int, state: s
     }
 
 
+def time_ui_handler(url: str, options: dict[str, Any] | None, repeats: int, state: str, ranges: int) -> dict[str, Any]:
+    """The UI plugin's task instance endpoint's handler (:func:`.plugins.figures.output_figures`):
+    the status with the input plan per file and the committed ranges' picture, a rejects sample,
+    and its JSON encoding (what the endpoint answers)."""
+    from airflow_provider_raybatch.plugins.figures import output_figures
+    from airflow_provider_raybatch.plugins.outputs import ResolvedOutput, TaskRef
+
+    output = ResolvedOutput(TaskRef("bench", "run", "score"), url, "parquet", None, None, "rendered", state, 1, False)
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        document = output_figures(output, options=options or {})
+        body = json.dumps(document, default=str)
+        seconds.append(time.perf_counter() - started)
+        [status] = document["outputs"]
+        assert status["state"] == state and len(status["committed_mask"]) == ranges, status["state"]
+    return {
+        "state": state,
+        "ranges_committed": status["ranges_committed"],
+        "objects_read": sum(status["objects_read"].values()),
+        "timeline_points": len(status["timeline"]),
+        "median_s": round(statistics.median(seconds), 4),
+        "max_s": round(max(seconds), 4),
+        "response_kb": round(len(body) / 1024, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> Results:
     parser = base_parser(__doc__.splitlines()[0], rows=[])
     parser.add_argument("--ranges", type=int, nargs="+", default=[10_000])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--records-per-segment", type=int, default=30, help="ranges recorded per batch (a second's)")
     parser.add_argument("--no-s3", action="store_true", help="the local filesystem only")
+    parser.add_argument("--no-ui", action="store_true", help="read_status() only, not the UI plugin's handler")
     args = parser.parse_args(argv)
     results = Results("status", "Status cost: read_status() on an output's bookkeeping", args)
     stores = ["local"] + ([] if args.no_s3 else ["moto S3"])
@@ -137,7 +167,16 @@ def main(argv: list[str] | None = None) -> Results:
                 for state in ("running", "done"):
                     if state == "done":
                         finish(*writer, n, args.records_per_segment)
-                    results.add(store=store, ranges=n, **time_status(url, options, args.repeats, state, n))
+                    results.add(
+                        store=store, ranges=n, reader="read_status", **time_status(url, options, args.repeats, state, n)
+                    )
+                    if not args.no_ui:
+                        results.add(
+                            store=store,
+                            ranges=n,
+                            reader="UI endpoint",
+                            **time_ui_handler(url, options, args.repeats, state, n),
+                        )
                 if server is None:
                     shutil.rmtree(url, ignore_errors=True)
         finally:
@@ -146,7 +185,7 @@ def main(argv: list[str] | None = None) -> Results:
     for row in results.rows:
         if row["ranges"] == 10_000:
             results.check(
-                f"status of 10,000 ranges, {row['store']}, {row['state']}: median s",
+                f"{row['reader']} of 10,000 ranges, {row['store']}, {row['state']}: median s",
                 row["median_s"],
                 "< 1 s",
                 row["median_s"] < 1,
@@ -155,7 +194,9 @@ def main(argv: list[str] | None = None) -> Results:
         "median_s: read_status() from a fresh reader, median of the repeats (the first included): plan.json, the "
         "commit records (segments while running, the manifest once done), the leases. 'running': 60 % committed, "
         f"{args.records_per_segment} records a segment as a run's one-second batches write them, merged 16 to 1 "
-        "by the writer; no data file is read or exists."
+        "by the writer; no data file is read or exists. 'UI endpoint': the UI plugin's task instance handler "
+        "(plugins/figures.py output_figures: the status with the input plan per file and a character per range, "
+        "a rejects sample, JSON-encoded), after the task instance is resolved (a few indexed DB queries)."
     )
     results.write()
     return results

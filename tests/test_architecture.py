@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,41 @@ def test_private_ray_and_moved_airflow_names_are_imported_only_by_the_compatibil
             if module.startswith(MOVED_AIRFLOW) and name != f"{NAME}.version_compat":
                 misplaced.setdefault(name, []).append(module)
     assert misplaced == {}
+
+
+#: What the api-server must not import to serve the UI plugin.
+HEAVY_MODULES = ("ray", "torch", "vllm", "transformers", "daft")
+
+SERVE_AN_OUTPUT = """
+import sys
+from benchmarks.status import write_output
+from airflow_provider_raybatch.plugins import figures
+from airflow_provider_raybatch.plugins.outputs import ResolvedOutput, TaskRef
+writer = write_output(sys.argv[1], None, ranges=200, per_segment=30, done=120)
+output = ResolvedOutput(TaskRef("d", "r", "t"), sys.argv[1], "parquet", None, None, "rendered", "running", 1, False)
+document = figures.output_figures(output)
+assert document["found"] and document["outputs"][0]["ranges_committed"] == 120, document
+assert figures.verify(output)["ok"] is False  # its data files were never written
+writer[1].release()
+print(sorted(m for m in sys.modules if m.split(".")[0] in %r))
+"""
+
+
+def test_the_ui_plugin_imports_no_engine_to_load_or_to_serve(tmp_path):
+    """plugins/ imports no engine, even lazily; and a process that loads the plugin, reads an
+    output's figures and runs the verifier has imported none (its lazy imports included)."""
+    direct = {
+        module_name(path): sorted(m for m in imported_modules(path) if m.split(".")[0] in HEAVY_MODULES)
+        for path in sorted((PACKAGE / "plugins").rglob("*.py"))
+    }
+    assert {m: i for m, i in direct.items() if i} == {}
+    code = "import airflow_provider_raybatch.plugins.plugin\n" + SERVE_AN_OUTPUT % (HEAVY_MODULES,)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=PACKAGE.parent,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"

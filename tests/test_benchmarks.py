@@ -188,13 +188,14 @@ def test_status_script_times_the_status_of_a_running_and_a_finished_output(tmp_p
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     rows = json.loads((out / "status.json").read_text())["rows"]
-    assert [(r["store"], r["state"], r["ranges_committed"]) for r in rows] == [
-        ("local", "running", 24),
-        ("local", "done", 40),
-        ("moto S3", "running", 24),
-        ("moto S3", "done", 40),
+    assert [(r["store"], r["reader"], r["state"], r["ranges_committed"]) for r in rows] == [
+        (store, reader, state, committed)
+        for store in ("local", "moto S3")
+        for state, committed in (("running", 24), ("done", 40))
+        for reader in ("read_status", "UI endpoint")
     ]
     assert all(r["median_s"] > 0 for r in rows)
+    assert all(r["response_kb"] > 0 for r in rows if r["reader"] == "UI endpoint")
 
 
 def _run_images(tmp_path, *variants: str) -> tuple[dict, dict[str, dict]]:

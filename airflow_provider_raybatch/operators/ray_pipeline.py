@@ -164,6 +164,12 @@ class RayPipelineOperator(BaseOperator):
         "max_rows",
         "max_error_fraction",
         "progress_timeout",
+        # Kept in the task instance's rendered fields, where the UI plugin finds its output and connections.
+        "output_format",
+        "aws_conn_id",
+        "gcp_conn_id",
+        "azure_conn_id",
+        "iceberg_conn_id",
     )
     operator_extra_links = (RayJobLink(),)
 

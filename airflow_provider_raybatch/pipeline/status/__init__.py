@@ -3,6 +3,7 @@ would draw, from one typed model (:mod:`.output_status`, :mod:`.rejects`). Impor
 Airflow."""
 
 from airflow_provider_raybatch.pipeline.status.output_status import (
+    FileProgress,
     LeaseStatus,
     OutputNotFoundError,
     OutputStatus,
@@ -11,9 +12,10 @@ from airflow_provider_raybatch.pipeline.status.output_status import (
     read_status,
     read_table_status,
 )
-from airflow_provider_raybatch.pipeline.status.rejects import RejectsSample, read_rejects
+from airflow_provider_raybatch.pipeline.status.rejects import RejectsSample, read_rejects, sample_rejects
 
 __all__ = [
+    "FileProgress",
     "LeaseStatus",
     "OutputNotFoundError",
     "OutputStatus",
@@ -23,4 +25,5 @@ __all__ = [
     "read_rejects",
     "read_status",
     "read_table_status",
+    "sample_rejects",
 ]

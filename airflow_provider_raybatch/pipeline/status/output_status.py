@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger, partition_key
+from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, REJECTS_DIR, OutputLedger, partition_key
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
 from airflow_provider_raybatch.pipeline.planning.planner import RowRange, contiguous_groups, recorded_ranges
@@ -108,6 +108,17 @@ class TimelinePoint:
 
 
 @dataclass(frozen=True)
+class FileProgress:
+    """One planned input file: its rows and ranges, and how many of them are committed."""
+
+    relpath: str
+    rows: int
+    ranges: int
+    ranges_committed: int
+    rows_done: int
+
+
+@dataclass(frozen=True)
 class OutputStatus:
     """Where one output stands (see the module's docstring). Rows count input rows: ``rows_done``
     is ``rows_out + rows_rejected``, which reaches ``rows_planned`` when the output is done.
@@ -125,6 +136,11 @@ class OutputStatus:
     :param table_commits: a table output's table commits decided (each adds its ranges to the table).
     :param ranges_in_table_commits: ranges those commits add.
     :param read_s: seconds the reading took.
+    :param files: with ``detail``: the input plan, per file (rows, ranges, and what is committed).
+    :param committed_mask: with ``detail``: one character per planned range in plan order, ``1``
+        committed, ``0`` not (a picture of which ranges are done).
+    :param rejects_files: with ``detail``: the committed rejects files, relative to the output, in
+        range order (a sample is read from them: :func:`.rejects.sample_rejects`).
     """
 
     path: str
@@ -150,6 +166,9 @@ class OutputStatus:
     generation: int | None = None
     table_commits: int | None = None
     ranges_in_table_commits: int | None = None
+    files: list[FileProgress] | None = None
+    committed_mask: str | None = None
+    rejects_files: list[str] | None = None
 
     @property
     def fraction_done(self) -> float:
@@ -157,8 +176,12 @@ class OutputStatus:
         return self.rows_done / self.rows_planned if self.rows_planned else float(self.state == "done")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, with :attr:`fraction_done`."""
-        return {**asdict(self), "fraction_done": round(self.fraction_done, 6)}
+        """JSON-ready, with :attr:`fraction_done` (the ``detail`` fields only when read)."""
+        document = {**asdict(self), "fraction_done": round(self.fraction_done, 6)}
+        for name in ("files", "committed_mask", "rejects_files"):
+            if document[name] is None:
+                del document[name]
+        return document
 
 
 def read_status(
@@ -167,6 +190,7 @@ def read_status(
     *,
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
     now: float | None = None,
+    detail: bool = False,
 ) -> OutputStatus:
     """The status of the Parquet output at ``output_path``.
 
@@ -175,11 +199,13 @@ def read_status(
     :param lease_timeout_s: for a lease recorded without its holder's ``lease_timeout`` (by an
         older release): a holder silent for longer no longer counts as running.
     :param now: the time to measure ages against (default: the clock).
+    :param detail: also the input plan per file and which ranges are committed (:attr:`OutputStatus.files`,
+        :attr:`OutputStatus.committed_mask`: what a UI draws).
     :raises OutputNotFoundError: nothing was planned at ``output_path``.
     """
     started = time.perf_counter()
     ledger = OutputLedger.open(output_path, storage_options)
-    return _read(ledger, ledger, started, lease_timeout_s, now)
+    return _read(ledger, ledger, started, lease_timeout_s, now, detail)
 
 
 def read_table_status(
@@ -189,6 +215,7 @@ def read_table_status(
     *,
     lease_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
     now: float | None = None,
+    detail: bool = False,
 ) -> list[OutputStatus]:
     """The status of each writer that staged rows for ``partition`` of the Delta or Iceberg table
     at ``table_root`` (a Delta table's root, an Iceberg table's location): the generation it is
@@ -211,7 +238,7 @@ def read_table_status(
         display = f"{table_root.rstrip('/')}/{relpath}"
         writer = OutputLedger(fs, folder, display)  # holds the writer's leases, as an output folder does
         staging = OutputLedger(fs, f"{folder}/g{number}", f"{display}/g{number}")
-        status = _read(staging, writer, started, lease_timeout_s, now)
+        status = _read(staging, writer, started, lease_timeout_s, now, detail)
         intents = [read_json(fs, p) for p in sorted(ls(fs, f"{staging.meta}/table")) if p.endswith(".json")]
         statuses.append(
             replace(
@@ -232,7 +259,12 @@ def read_table_status(
 
 
 def _read(
-    ledger: OutputLedger, lease_owner: OutputLedger, started: float, lease_timeout_s: float, now: float | None
+    ledger: OutputLedger,
+    lease_owner: OutputLedger,
+    started: float,
+    lease_timeout_s: float,
+    now: float | None,
+    detail: bool = False,
 ) -> OutputStatus:
     """The status of ``ledger``'s output, whose leases are kept by ``lease_owner`` (itself, or a
     table writer's folder)."""
@@ -295,7 +327,31 @@ def _read(
         read_at=now,
         read_s=round(time.perf_counter() - started, 4),
         objects_read=dict(ledger.last_read),
+        files=_files(plan.input, ranges, mine) if detail else None,
+        committed_mask="".join("1" if r.id in mine else "0" for r in ranges) if detail else None,
+        rejects_files=rejects_files(mine) if detail else None,
     )
+
+
+def rejects_files(committed: dict[str, dict[str, Any]]) -> list[str]:
+    """The rejects files the commit records ``committed`` name, relative to the output, sorted."""
+    return sorted(
+        name for record in committed.values() for name in record["files"] if name.startswith(f"{REJECTS_DIR}/")
+    )
+
+
+def _files(recorded: dict[str, Any], ranges: list[Any], committed: dict[str, dict[str, Any]]) -> list[FileProgress]:
+    """The planned files with their ranges and what of them is committed (ranges in plan order)."""
+    names = [f["relpath"] for f in recorded.get("files", ())]
+    counts = [[0, 0, 0, 0] for _ in names]  # rows, ranges, ranges committed, rows done
+    for r in ranges:
+        count = counts[r.file_index]
+        count[0] += r.rows
+        count[1] += 1
+        if (record := committed.get(r.id)) is not None:
+            count[2] += 1
+            count[3] += record["rows"] + record.get("rejected", 0)
+    return [FileProgress(name, *count) for name, count in zip(names, counts, strict=True)]
 
 
 def _lease_status(owner: OutputLedger, folder: str, scope: str, timeout_s: float, now: float) -> LeaseStatus | None:

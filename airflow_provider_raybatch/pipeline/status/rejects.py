@@ -14,8 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline.commit.ledger import REJECTS_DIR, OutputLedger
-from airflow_provider_raybatch.pipeline.status.output_status import OutputNotFoundError
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+from airflow_provider_raybatch.pipeline.status.output_status import OutputNotFoundError, rejects_files
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,31 @@ def read_rejects(
     if ledger.load_plan() is None:
         raise OutputNotFoundError(f"{output_path}: no _raybatch/plan.json there: not an output of this provider")
     committed = ledger.committed()
-    files = sorted(
-        name for record in committed.values() for name in record["files"] if name.startswith(f"{REJECTS_DIR}/")
+    files = rejects_files(committed)
+    return RejectsSample(
+        path=output_path,
+        rejected=sum(r.get("rejected", 0) for r in committed.values()),
+        engine_errors=sum(r.get("engine_errors", 0) for r in committed.values()),
+        rows=_read_rows(ledger, files, limit),
+        files=files,
     )
+
+
+def sample_rejects(
+    output_path: str, files: list[str], storage_options: dict[str, Any] | None = None, limit: int | None = 20
+) -> pa.Table:
+    """The first ``limit`` rejected rows of ``files`` (committed rejects files, relative to the
+    output: :attr:`.OutputStatus.rejects_files`), without reading the commit records again.
+
+    :param output_path: the output folder (for a table output, a writer's staging output).
+    :param files: the rejects files, in range order.
+    :param storage_options: fsspec options for a remote path.
+    :param limit: rows to read at most.
+    """
+    return _read_rows(OutputLedger.open(output_path, storage_options), files, limit)
+
+
+def _read_rows(ledger: OutputLedger, files: list[str], limit: int | None) -> pa.Table:
     tables: list[pa.Table] = []
     read = 0
     for name in files:
@@ -78,11 +100,4 @@ def read_rejects(
             table = table.slice(0, limit - read)
         tables.append(table)
         read += table.num_rows
-    rows = pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})
-    return RejectsSample(
-        path=output_path,
-        rejected=sum(r.get("rejected", 0) for r in committed.values()),
-        engine_errors=sum(r.get("engine_errors", 0) for r in committed.values()),
-        rows=rows,
-        files=files,
-    )
+    return pa.concat_tables(tables, promote_options="permissive") if tables else pa.table({})

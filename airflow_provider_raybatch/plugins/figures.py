@@ -1,0 +1,189 @@
+"""What the plugin's endpoints answer, from an output's bookkeeping only (no data file but the
+committed rejects files a sample is read from): a task instance's output, a DAG run's inference
+tasks, a DAG's outputs by logical date, and the verifier's verdict.
+
+Each reading goes through :mod:`airflow_provider_raybatch.pipeline.status`, which imports neither
+Ray nor Airflow; the output's location and connections come from :mod:`.outputs`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import replace
+from typing import Any
+
+from airflow_provider_raybatch.pipeline.errors import RayBatchError
+from airflow_provider_raybatch.plugins.outputs import ResolvedOutput, storage_options
+
+#: Rejected rows sent to the page at most.
+REJECTS_SAMPLE = 20
+#: Seconds a verify may take before the endpoint answers without its verdict.
+VERIFY_TIMEOUT_S = 60.0
+#: Outputs of a DAG page read side by side (remote stores answer slowly, each output alone is quick).
+READ_THREADS = 8
+
+_verifier = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="raybatch-verify")
+
+
+def output_figures(
+    output: ResolvedOutput, *, detail: bool = True, rejects: bool = True, options: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A task instance's output: its status (per writer for a table), a sample of its rejects,
+    and, for a mapped task instance, its own partition.
+
+    :param output: the resolved output.
+    :param detail: with the input plan per file and the committed ranges' picture.
+    :param rejects: with a sample of rejected rows (read from committed rejects files).
+    :param options: the store's fsspec options (default: resolved from the task's connections).
+    """
+    from airflow_provider_raybatch.pipeline.status import OutputNotFoundError
+
+    started = time.perf_counter()
+    document: dict[str, Any] = {"task": output.public(), "found": False, "outputs": []}
+    if output.path is None:
+        document["message"] = (
+            "the output's path is not known for this task instance: it has not run, or Airflow no longer "
+            "keeps its rendered fields and the DAG's output_path is a template"
+        )
+        return document
+    try:
+        options = storage_options(output) if options is None else options
+        statuses = _statuses(output, options, detail)
+    except OutputNotFoundError as e:
+        document["message"] = f"no output there yet: {e}"
+        return document
+    except RayBatchError as e:  # a connection that does not resolve
+        document["message"] = str(e)
+        return document
+    document["found"] = True
+    for status in statuses:
+        entry = status.to_dict()
+        entry.pop("rejects_files", None)
+        if rejects and status.rows_rejected:
+            entry["rejects"] = _rejects(status, options)
+        if output.ref.map_index >= 0:
+            entry["partition"] = _own_partition(entry, output)
+        document["outputs"].append(entry)
+    document["read_s"] = round(time.perf_counter() - started, 4)
+    return document
+
+
+def _statuses(output: ResolvedOutput, options: dict[str, Any] | None, detail: bool) -> list[Any]:
+    from airflow_provider_raybatch.pipeline.status import read_status, read_table_status
+
+    if output.output_format == "parquet":
+        return [read_status(output.path, options, detail=detail)]
+    return read_table_status(output.path, output.partition or {}, options, detail=detail)
+
+
+def _rejects(status: Any, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Counts from the status, and the first rows of the committed rejects files it found (the
+    commit records are not read again)."""
+    from airflow_provider_raybatch.pipeline.status import RejectsSample, sample_rejects
+
+    files = status.rejects_files or []
+    rows = sample_rejects(status.path, files, options, REJECTS_SAMPLE)
+    sample = RejectsSample(status.path, status.rows_rejected, status.engine_errors, rows, files).to_dict()
+    sample["rows"] = [{k: _short(v) for k, v in row.items()} for row in sample["rows"]]
+    return sample
+
+
+def _short(value: Any, width: int = 200) -> Any:
+    if isinstance(value, str | list | dict) and len(str(value)) > width:
+        return str(value)[: width - 3] + "..."
+    return value
+
+
+def _own_partition(entry: dict[str, Any], output: ResolvedOutput) -> dict[str, Any] | None:
+    """This task instance's partition: the one planned at its map index (listed before its task
+    starts), else the one whose lease it took (a plan recorded by an earlier release)."""
+    ref = output.ref
+    for partition in entry["partitions"]:
+        if partition.get("index") == ref.map_index:
+            return partition
+    for partition in entry["partitions"]:
+        lease = partition.get("lease") or {}
+        if (lease.get("dag_id"), lease.get("run_id"), lease.get("task_id"), lease.get("map_index")) == (
+            ref.dag_id,
+            ref.run_id,
+            ref.task_id,
+            ref.map_index,
+        ):
+            return partition
+    return None
+
+
+def summary_line(output: ResolvedOutput) -> dict[str, Any]:
+    """One line of a DAG run's or a DAG's page: the task instance's state and its output's progress
+    (no plan detail, no rejects sample)."""
+    line: dict[str, Any] = {"task": output.public(), "found": False}
+    if output.path is None:
+        return line
+    try:
+        statuses = _statuses(output, storage_options(output), detail=False)
+    except RayBatchError as e:
+        line["message"] = str(e)
+        return line
+    rows_planned = sum(s.rows_planned for s in statuses)
+    rows_done = sum(s.rows_done for s in statuses)
+    states = {s.state for s in statuses}
+    line.update(
+        found=True,
+        state=next((s for s in ("running", "partial", "not started", "done") if s in states), "done"),
+        rows_planned=rows_planned,
+        rows_done=rows_done,
+        fraction_done=round(rows_done / rows_planned, 6) if rows_planned else float(states == {"done"}),
+        rows_rejected=sum(s.rows_rejected for s in statuses),
+        ranges_planned=sum(s.ranges_planned for s in statuses),
+        ranges_committed=sum(s.ranges_committed for s in statuses),
+        rate_rows_per_s=sum(s.rate_rows_per_s or 0 for s in statuses) or None,
+        eta_s=max((s.eta_s for s in statuses if s.eta_s is not None), default=None),
+    )
+    if output.ref.map_index >= 0 and statuses:
+        line["partition"] = _own_partition(statuses[0].to_dict(), output)
+    return line
+
+
+def summary_lines(outputs: list[ResolvedOutput]) -> list[dict[str, Any]]:
+    """:func:`summary_line` of each output, read side by side, in the order given."""
+    if len(outputs) <= 1:
+        return [summary_line(o) for o in outputs]
+    with concurrent.futures.ThreadPoolExecutor(min(READ_THREADS, len(outputs))) as pool:
+        return list(pool.map(summary_line, outputs))
+
+
+def verify(output: ResolvedOutput, timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
+    """Run the verifier on ``output`` in a worker thread; its faults, or that it ran out of time.
+
+    :param output: the resolved output (a Parquet folder, or a table's partition).
+    :param timeout_s: seconds to wait for the verdict (the check goes on in its thread, its result unused).
+    """
+    if output.path is None:
+        return {"ok": False, "faults": [], "message": "the output's path is not known for this task instance"}
+    started = time.perf_counter()
+    future = _verifier.submit(_verify, output)
+    try:
+        faults = future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        return {"ok": None, "faults": [], "message": f"the verifier did not finish within {timeout_s:g} s"}
+    except RayBatchError as e:
+        return {"ok": False, "faults": [], "message": str(e)}
+    return {"ok": not faults, "faults": faults, "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _verify(output: ResolvedOutput) -> list[str]:
+    options = storage_options(output)
+    if output.output_format == "parquet":
+        from airflow_provider_raybatch.pipeline.commit.verify import verify_output
+
+        return verify_output(output.path, options)
+    from airflow_provider_raybatch.pipeline.tables.verify import table_config, verify_table
+
+    catalog: dict[str, Any] = {}
+    if output.output_format == "iceberg":
+        from airflow_provider_raybatch.hooks.iceberg_catalog import IcebergCatalogHook
+
+        catalog = IcebergCatalogHook(output.conn_ids.get("iceberg_conn_id")).catalog_properties()
+    config = table_config(output.path, output.output_format, output.partition or {}, output.table, catalog)
+    return verify_table(replace(config, storage_options=options or {}))
