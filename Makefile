@@ -65,7 +65,7 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 # In CI (CI=true) the suite also runs the Daft benchmark variant's smoke test, so it creates
 # .venv-daft (1 min 18 s measured at load 8 on 2 cores); elsewhere that test skips until `make daft-env`.
 test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
-	$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(PY) -m pytest --durations=30 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The compatibility job (.ci/run runs it after `make test`; docs/compatibility.md): the oldest Airflow and
 # Ray the provider supports (constraints/$(OLDEST).txt, in .venv-oldest) on the tests of version-specific

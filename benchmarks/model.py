@@ -57,3 +57,28 @@ def load_model(weights_path: str, threads: int, **shape: int) -> MLP:
     model = MLP(**shape)
     model.load_state_dict(load_file(weights_path))
     return model.eval()
+
+
+class GuideClassifier:
+    """A user's predictor as Ray's batch inference guide shows one: the model built in
+    ``__init__``, ``argmax`` in ``__call__`` on numpy batches, no thread or engine settings.
+
+    The light MLP (32-64-10) with the benchmark's weights, so its labels are the argmax of the
+    other variants' logits; with ``model="wide"`` (32-64-256) it returns the 256 outputs of each
+    row instead (an embedding).
+    """
+
+    def __init__(self, weights_path: str, model: str = "light"):
+        from safetensors.torch import load_file
+
+        self.embeds = model == "wide"
+        self.model = MLP(**SHAPES[model])
+        self.model.load_state_dict(load_file(weights_path))
+        self.model.eval()
+
+    def __call__(self, batch: dict) -> dict:
+        with torch.inference_mode():
+            outputs = self.model(torch.as_tensor(batch["features"]))
+        if self.embeds:
+            return {"embedding": outputs.numpy()}
+        return {"label": outputs.argmax(dim=1).numpy()}

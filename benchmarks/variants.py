@@ -10,6 +10,9 @@ complete and Ray is shut down.
   ``torch.inference_mode``, Parquet written with row groups of the operator's size.
 - ``operator``: ``RayBatchInferenceOperator.execute`` (embedded Ray, checkpointed ranges) with
   the built-in ``TorchPredictor``, i.e. ``run_batch_inference`` as every task runs it.
+- ``operator_defaults``: the operator on its defaults (``batch_size`` and ``id_column`` set) with a
+  user's predictor class as Ray's guide shows one (:class:`benchmarks.model.GuideClassifier`: the light
+  model, ``argmax``, no thread settings).
 - ``handwritten``: Ray's batch inference guide as users write it: ``read_parquet`` ->
   ``map_batches(class)`` on numpy batches -> ``write_parquet``.
 - ``handwritten_arrow``: the same with pyarrow batches and a zero-copy tensor view, the fastest
@@ -139,6 +142,29 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         result["driver_bytes"] = driver_bytes[0]
         result["driver_peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     return result
+
+
+def operator_defaults(p: dict[str, Any]) -> dict[str, Any]:
+    """The operator as a new user runs it: their own predictor class (:class:`benchmarks.model.GuideClassifier`,
+    which sets no threads), every argument on its default but ``batch_size`` and ``id_column``."""
+    from types import SimpleNamespace
+
+    from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+
+    task = RayBatchInferenceOperator(
+        task_id="score",
+        input_path=p["input"],
+        output_path=p["output"],
+        predictor="benchmarks.model:GuideClassifier",
+        predictor_kwargs={"weights_path": p["weights"], "model": p.get("model", "light")},
+        batch_size=p["batch_size"],
+        id_column="id",
+        ray_conn_id=None,  # no `ray` connection: the local Ray (shared by default)
+        asset=None,  # no DAG run here to emit an asset event in
+    )
+    context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
+    summary = task.execute(context)
+    return {"rows": summary["rows_processed"], "summary": summary}
 
 
 def _count_driver_bytes() -> list[int]:
@@ -318,6 +344,7 @@ VARIANTS = {
     "ray_start": ray_start,
     "plain": plain,
     "operator": operator,
+    "operator_defaults": operator_defaults,
     "handwritten": handwritten,
     "handwritten_arrow": lambda p: handwritten(p, arrow=True),
     "daft": daft_udf,
@@ -330,7 +357,7 @@ def main(argv: list[str]) -> None:
         sys.path.insert(0, params["package_root"])
     if params.get("fresh_output", True) and "output" in params:
         shutil.rmtree(params["output"], ignore_errors=True)
-    if name in ("operator", "images_operator"):
+    if name in ("operator", "images_operator", "operator_defaults"):
         import airflow_provider_raybatch.operators.batch_inference  # noqa: F401 - a task process has it loaded
     started_at = time.time()
     print(f"STARTED {started_at}", flush=True)  # for a parent that kills this run before its result

@@ -33,8 +33,13 @@ class RayBatchInferenceOperator(RayPipelineOperator):
     :param stages: a chain of :class:`~airflow_provider_raybatch.pipeline.config.Stage`, each with
         its own predictor and resources, e.g. a CPU preprocessing stage then a GPU model (templated).
     :param batch_size: rows per predictor call.
-    :param concurrency: replicas of the predictor: an int, or ``(min, max)`` to autoscale.
-    :param num_cpus: CPUs per replica (fractions allowed).
+    :param concurrency: replicas of the predictor: an int, ``(min, max)`` to autoscale, or None
+        (default): on CPUs only, as many replicas as the Ray cluster's CPUs hold beside what other
+        tasks on the shared local Ray hold (each replica reads, scores and writes its own rows);
+        with ``num_gpus`` or ``accelerator_type``, one.
+    :param num_cpus: CPUs per replica (fractions allowed). A replica's torch and Arrow use as
+        many threads (whole CPUs, at least one), as Ray's ``OMP_NUM_THREADS`` says; a predictor
+        that sets its own thread count keeps it.
     :param num_gpus: GPUs per replica.
     :param memory: bytes of memory per replica.
     :param accelerator_type: Ray accelerator type per replica, e.g. ``"A10G"``.
@@ -63,7 +68,7 @@ class RayBatchInferenceOperator(RayPipelineOperator):
         predictor_kwargs: dict[str, Any] | None = None,
         stages: list[Stage] | None = None,
         batch_size: int | None = 256,
-        concurrency: int | tuple[int, int] = 1,
+        concurrency: int | tuple[int, int] | None = None,
         num_cpus: float = 1,
         num_gpus: float = 0,
         memory: int | None = None,

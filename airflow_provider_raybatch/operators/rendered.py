@@ -118,7 +118,8 @@ def rendered_replica_resources(
     is None where None is a value, a concurrency of ``"[1, 4]"`` is ``(1, 4)``; the resources'
     own checks then apply (:meth:`ReplicaResources.validate`)."""
     if isinstance(concurrency, str):
-        concurrency = as_kind(concurrency, (int, list), "concurrency")
+        unset = concurrency.strip() in _UNSET_TEXT
+        concurrency = None if unset else as_kind(concurrency, (int, list), "concurrency")
     return ReplicaResources(
         batch_size=rendered_number("batch_size", batch_size, int, "an integer >= 1 or None", optional=True),
         concurrency=concurrency,

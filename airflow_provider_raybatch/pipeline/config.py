@@ -127,6 +127,11 @@ class TransformStage(Stage):
 
     def validate(self) -> None:
         super().validate()
+        if self.concurrency is None:
+            raise ConfigError(
+                f"stage {self.display_name!r}: a transform stage needs its concurrency (an int or (min, max)); "
+                "None (as many replicas as the CPUs hold) is for batch stages"
+            )
         if isinstance(self.predictor, type):
             raise ConfigError(
                 f"stage {self.display_name!r}: a transform stage takes a factory function fn(stage), not a class"

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 #: CPUs Ray Data's read tasks need beside the stages' replicas.
 READ_CPUS = 1
+#: ``concurrency=None``: replicas on CPUs only as many as the cluster's CPUs hold (:func:`auto_replicas`).
+AUTO = None
 #: How long a try waits for resources the cluster had or may get (seconds; default :data:`RESOURCE_WAIT_S`).
 RESOURCE_WAIT_ENV = "RAYBATCH_RESOURCE_WAIT_S"
 RESOURCE_WAIT_S = 120.0
@@ -36,7 +38,9 @@ class ReplicaResources:
     """How many replicas run a stage, how big their batches are and what each one reserves.
 
     :param batch_size: rows per call.
-    :param concurrency: replicas: a fixed number, or ``(min, max)`` for an autoscaling pool.
+    :param concurrency: replicas: a fixed number, ``(min, max)`` for an autoscaling pool, or None
+        (:data:`AUTO`): replicas on CPUs only, as many as the Ray cluster's CPUs hold when the run
+        starts (:func:`auto_replicas`); on a GPU, one.
     :param num_cpus: CPUs reserved per replica.
     :param num_gpus: GPUs reserved per replica. None only before a stage is built: the builder
         decides (an LLM engine uses its own count, e.g. vLLM's tensor x pipeline parallel size).
@@ -47,7 +51,7 @@ class ReplicaResources:
     """
 
     batch_size: int | None = 256
-    concurrency: int | tuple[int, int] = 1
+    concurrency: int | tuple[int, int] | None = 1
     num_cpus: float = 1
     num_gpus: float | None = 0
     memory: int | None = None
@@ -56,10 +60,15 @@ class ReplicaResources:
 
     @property
     def min_replicas(self) -> int:
+        """Replicas a run starts with (1 for :data:`AUTO` before :func:`auto_replicas` decided)."""
+        if self.concurrency is AUTO:
+            return 1
         return self.concurrency[0] if isinstance(self.concurrency, tuple) else self.concurrency
 
     @property
     def max_replicas(self) -> int:
+        if self.concurrency is AUTO:
+            return 1
         return self.concurrency[1] if isinstance(self.concurrency, tuple) else self.concurrency
 
     def resource_kwargs(self) -> dict[str, Any]:
@@ -71,7 +80,9 @@ class ReplicaResources:
 
         :param where: what the errors name, e.g. ``"stage 'Embedder'"``.
         """
-        if isinstance(self.concurrency, (list, tuple)):
+        if self.concurrency is AUTO:
+            pass
+        elif isinstance(self.concurrency, (list, tuple)):
             if len(self.concurrency) != 2 or not 1 <= self.concurrency[0] <= self.concurrency[1]:
                 raise ConfigError(
                     f"{where}: concurrency must be an int >= 1 or (min, max) with 1 <= min <= max, got {self.concurrency!r}"
@@ -122,8 +133,40 @@ class ReplicaResources:
         if isinstance(self.concurrency, tuple):
             compute = ActorPoolStrategy(min_size=self.min_replicas, max_size=self.max_replicas)
         else:
-            compute = ActorPoolStrategy(size=self.concurrency)
+            compute = ActorPoolStrategy(size=self.min_replicas)
         return {"batch_size": self.batch_size, "compute": compute, **self.reservation()}
+
+
+def auto_replicas(
+    stages: Sequence[ReplicaResources], cpus: float, read_cpus: float = READ_CPUS, work_units: int | None = None
+) -> list[int | tuple[int, int]]:
+    """Each stage's concurrency, with :data:`AUTO` decided for ``cpus`` CPUs.
+
+    A stage on CPUs only gets as many replicas as fit in the CPUs that reading and the other
+    stages' minimum replicas leave (shared evenly among such stages, at least one; at most
+    ``work_units``, the read tasks there are to share). One replica on 2 CPUs left a CPU idle and
+    ran a light model at 0.36x a plain loop's speed (benchmarks/RESULTS.md 1g). A stage on a GPU
+    or another accelerator, or that reserves no CPU, gets one. The resource check then applies
+    as to any concurrency: a read task's CPU is left where the replicas do not read.
+
+    :param stages: the stages, in order.
+    :param cpus: the CPUs the run may use (the cluster's, or what other tasks leave on a shared Ray).
+    :param read_cpus: CPUs reading needs beside the replicas (as :func:`check_cluster_resources`).
+    :param work_units: the most replicas that could get work (None: no such bound).
+    """
+    auto = [i for i, s in enumerate(stages) if s.concurrency is AUTO and s.cpus_only and s.num_cpus > 0]
+    fixed = sum(s.num_cpus * s.min_replicas for i, s in enumerate(stages) if i not in auto)
+    share = (cpus - read_cpus - fixed) / len(auto) if auto else 0
+    decided: list[int | tuple[int, int]] = []
+    for i, stage in enumerate(stages):
+        if stage.concurrency is not AUTO:
+            decided.append(stage.concurrency)
+        elif i not in auto:
+            decided.append(1)
+        else:
+            replicas = max(1, int(share / stage.num_cpus + 1e-9))
+            decided.append(max(1, min(replicas, work_units)) if work_units else replicas)
+    return decided
 
 
 def check_cluster_resources(

@@ -16,6 +16,8 @@ blocks.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import time
 from contextlib import nullcontext
@@ -37,7 +39,7 @@ from airflow_provider_raybatch.pipeline.execution.stages import StageWorker
 from airflow_provider_raybatch.pipeline.execution.watchdog import Watchdog
 from airflow_provider_raybatch.pipeline.planning.planner import Plan
 from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
-from airflow_provider_raybatch.pipeline.resources import READ_CPUS, wait_for_cluster_resources
+from airflow_provider_raybatch.pipeline.resources import AUTO, READ_CPUS, auto_replicas, wait_for_cluster_resources
 from airflow_provider_raybatch.pipeline.runtime.driver_logs import route_ray_data_logs
 from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_workers, ray_session
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
@@ -130,6 +132,7 @@ def _commit_pending(
         last = len(config.stages) - 1
         reads_in_stage = 0 not in transforms and config.stages[0].cpus_only
         writes_in_stage = last not in transforms and config.stages[last].cpus_only
+        config = _decide_auto_replicas(config, shared, 0 if reads_in_stage else READ_CPUS, len(pending))
         need, resources = wait_for_cluster_resources(
             [(s.display_name, s) for s in config.stages], read_cpus=0 if reads_in_stage else READ_CPUS
         )
@@ -145,6 +148,32 @@ def _commit_pending(
         finally:
             if shared is not None:
                 shared.leave_warm(workers, resources.get("CPU", 0), prestart_workers)
+
+
+def _decide_auto_replicas(
+    config: BatchInferenceConfig, shared: Any, read_cpus: float, work_units: int
+) -> BatchInferenceConfig:
+    """``config`` with each stage's ``concurrency=None`` decided (:func:`.resources.auto_replicas`)
+    for the CPUs this run may use: the cluster's, less what other tasks hold on a shared local Ray."""
+    if not any(s.concurrency is AUTO for s in config.stages):
+        return config
+    import ray
+
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if shared is not None:
+        cpus -= shared.held_by_others().get("CPU", 0)
+    stages = []
+    for stage, concurrency in zip(
+        config.stages, auto_replicas(config.stages, cpus, read_cpus, work_units), strict=True
+    ):
+        if stage.concurrency is AUTO:
+            stage = copy.copy(stage)
+            stage.concurrency = concurrency
+            log.info(
+                "Stage %r: %s replica(s) of %g CPU (concurrency=None)", stage.display_name, concurrency, stage.num_cpus
+            )
+        stages.append(stage)
+    return dataclasses.replace(config, stages=stages)
 
 
 def _stream(

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from benchmarks.support.data import BATCH_SIZE, THREADS, weights
+from benchmarks.support.data import BATCH_SIZE, ROW_GROUP_ROWS, ROWS_PER_FILE, THREADS, weights
 from benchmarks.support.paths import DEFAULT_RESULTS_DIR, DEFAULT_WORK_DIR
 
 
@@ -24,6 +24,15 @@ def base_parser(description: str, rows: list[int]) -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="rows per model call, in every variant")
     parser.add_argument("--threads", type=int, default=THREADS, help="torch threads, in every variant")
     parser.add_argument("--rows-per-range", type=int, default=100_000, help="the operator's checkpoint granularity")
+    parser.add_argument(
+        "--rows-per-file", type=int, default=ROWS_PER_FILE, help=f"input rows per file (default {ROWS_PER_FILE:,})"
+    )
+    parser.add_argument(
+        "--row-group-rows",
+        type=int,
+        default=ROW_GROUP_ROWS,
+        help=f"input rows per row group (default {ROW_GROUP_ROWS:,})",
+    )
     return parser
 
 

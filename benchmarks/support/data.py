@@ -18,11 +18,15 @@ BATCH_SIZE = 4096
 THREADS = os.cpu_count() or 1
 
 
-def make_input(work_dir: Path, rows: int, rows_per_file: int = ROWS_PER_FILE, seed: int = 0) -> Path:
+def make_input(
+    work_dir: Path, rows: int, rows_per_file: int = ROWS_PER_FILE, seed: int = 0, row_group_rows: int = ROW_GROUP_ROWS
+) -> Path:
     """Parquet files of ``id`` (int64) and ``features`` (32 float32), reused when already there."""
     from benchmarks.model import FEATURES
 
     folder = work_dir / f"input-{rows}-{rows_per_file}"
+    if row_group_rows != ROW_GROUP_ROWS:
+        folder = folder.with_name(f"{folder.name}-{row_group_rows}")
     marker = folder / "_COMPLETE"  # a leading underscore: the planner skips it
     if marker.exists():
         return folder
@@ -39,7 +43,7 @@ def make_input(work_dir: Path, rows: int, rows_per_file: int = ROWS_PER_FILE, se
                 "features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES),
             }
         )
-        pq.write_table(table, folder / f"part-{index:04d}.parquet", row_group_size=ROW_GROUP_ROWS)
+        pq.write_table(table, folder / f"part-{index:04d}.parquet", row_group_size=row_group_rows)
         start, index = start + n, index + 1
     marker.touch()
     return folder

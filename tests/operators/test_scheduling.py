@@ -261,3 +261,13 @@ def test_resources_rendered_as_text_are_read_as_numbers_and_bad_text_fails_the_t
     with pytest.raises(AirflowFailException, match="concurrency must be"):
         operator.execute(context)
     assert not (tmp_path / "out").exists()
+    # A Param that is None renders "None": the default, replicas decided by the CPUs.
+    operator.concurrency = "None"
+    assert operator.replica_resources().concurrency is None
+
+
+def test_the_operator_s_replicas_default_to_what_the_cpus_hold():
+    operator = RayBatchInferenceOperator(
+        task_id="defaults", predictor="tests.support.predictors:score", input_path="/in", output_path="/out"
+    )
+    assert operator.replica_resources().concurrency is None and operator.replica_resources().num_cpus == 1

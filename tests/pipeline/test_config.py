@@ -94,3 +94,9 @@ def test_add_columns_must_be_true_or_false():
     assert TableOutput("delta", {"ds": "2026-11-24"}, "daily.score").add_columns is False
     with pytest.raises(ConfigError, match="add_columns must be True or False, got 'yes'"):
         TableOutput("delta", {"ds": "2026-11-24"}, "daily.score", add_columns="yes").validate()  # type: ignore[arg-type]
+
+
+def test_a_transform_stage_needs_a_concurrency():
+    with pytest.raises(ConfigError, match="a transform stage needs its concurrency"):
+        TransformStage(lambda stage: stage, concurrency=None).validate()
+    Stage("m:P", concurrency=None).validate()  # a batch stage decides it when the run starts

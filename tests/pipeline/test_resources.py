@@ -55,3 +55,24 @@ def test_a_stage_is_its_replicas_resources():
     assert stage.map_batches_kwargs() == resources.map_batches_kwargs()
     with pytest.raises(ConfigError, match=r"stage 'Model': concurrency must be an int >= 1"):
         Stage("pkg.mod:Model", concurrency=(2, 1)).validate()
+
+
+def test_concurrency_none_is_decided_for_the_cpus_the_run_may_use():
+    from airflow_provider_raybatch.pipeline.resources import auto_replicas
+
+    auto = ReplicaResources(concurrency=None)
+    auto.validate("auto")
+    assert (auto.min_replicas, auto.max_replicas) == (1, 1)  # before the run decides
+    # Replicas that read their own rows: every CPU; with read tasks, one CPU is left for them.
+    assert auto_replicas([auto], cpus=2, read_cpus=0) == [2]
+    assert auto_replicas([auto], cpus=8, read_cpus=1) == [7]
+    assert auto_replicas([ReplicaResources(concurrency=None, num_cpus=0.5)], cpus=2, read_cpus=0) == [4]
+    # Never fewer than one, never more than there is work for.
+    assert auto_replicas([auto], cpus=0.5, read_cpus=0) == [1]
+    assert auto_replicas([auto], cpus=16, read_cpus=0, work_units=3) == [3]
+    # Other stages' replicas come first; stages on CPUs share what is left; a GPU stage gets one.
+    gpu = ReplicaResources(concurrency=None, num_gpus=1)
+    fixed = ReplicaResources(concurrency=2)
+    assert auto_replicas([auto, gpu], cpus=4, read_cpus=0) == [3, 1]
+    assert auto_replicas([fixed, auto, auto], cpus=8, read_cpus=0) == [2, 3, 3]
+    assert auto_replicas([ReplicaResources(concurrency=None, num_cpus=0)], cpus=4) == [1]

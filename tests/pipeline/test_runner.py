@@ -534,6 +534,24 @@ def test_large_scored_rows_go_on_within_a_range_and_each_range_is_committed_once
     assert_output_sound(out, range(380))
 
 
+def test_concurrency_none_fills_the_cpus_with_replicas_whose_threads_match_their_cpus(tmp_path, caplog):
+    import ray
+
+    write_input(tmp_path / "in", [250, 250])
+    cpus = int(ray.cluster_resources()["CPU"])
+    with caplog.at_level("INFO", logger="airflow_provider_raybatch.pipeline.runner"):
+        run_batch_inference(
+            config(tmp_path, predictor="tests.support.predictors:ThreadsSeen", concurrency=None, batch_size=50)
+        )
+    # Replicas that read their own rows: one per CPU (5 ranges to share).
+    assert f"Stage 'ThreadsSeen': {min(cpus, 5)} replica(s) of 1 CPU (concurrency=None)" in caplog.text
+    out = read_output(tmp_path / "out")
+    assert_exactly_once(out, range(500))
+    assert len(set(out["pid"].to_pylist())) <= min(cpus, 5)
+    # One CPU each: one torch thread and one Arrow thread, also where a warm worker imported torch first.
+    assert set(out["torch_threads"].to_pylist()) == {1} and set(out["arrow_threads"].to_pylist()) == {1}
+
+
 GPU_SCRIPT = """
 import json, logging, sys
 import ray

@@ -203,3 +203,19 @@ class IntegerScoreFor:
         if self.drift_id in batch["id"]:
             return {"score": total.round().astype(np.int64)}
         return {"score": total.astype(np.float32)}
+
+
+class ThreadsSeen:
+    """The process that scored each row, and the threads its torch and Arrow use there."""
+
+    warm_imports = ("torch",)  # a warm worker imports torch before Ray says the replica's CPUs
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import pyarrow as pa
+
+        rows = len(batch["id"])
+        return {
+            "pid": np.full(rows, os.getpid()),
+            "torch_threads": np.full(rows, torch.get_num_threads()),
+            "arrow_threads": np.full(rows, pa.cpu_count()),
+        }

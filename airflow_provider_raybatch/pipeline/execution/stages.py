@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,6 +62,9 @@ class StageWorker:
         # Replicas on CPUs get whole blocks from Ray Data (see the runner) and slice them here.
         self.rows_per_call = stage.batch_size if stage.cpus_only else None
         self.hand_on_bytes = hand_on_bytes()
+        if _in_ray_actor():
+            # Before the predictor is built: one that sets its own thread count keeps it.
+            match_threads(replica_threads(stage.num_cpus))
         target = resolve_predictor(stage)
         if inspect.isclass(target):
             self.fn, self.kwargs = target(**stage.predictor_kwargs), {}
@@ -146,6 +150,40 @@ class StageWorker:
         return outputs, reasons, pc.if_else(pc.is_valid(reasons), kinds, pa.scalar(None, pa.string()))
 
 
+def replica_threads(num_cpus: float) -> int:
+    """Threads for a replica's math and Arrow libraries: the CPUs it reserves, as Ray counts them
+    for ``OMP_NUM_THREADS`` (whole CPUs, at least one); an ``OMP_NUM_THREADS`` the task's
+    environment sets wins."""
+    try:
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    except (KeyError, ValueError):
+        return max(1, int(num_cpus))
+
+
+def match_threads(threads: int) -> None:
+    """Have torch (where a worker imported it already) and Arrow use ``threads`` threads.
+
+    Ray sets ``OMP_NUM_THREADS`` to a replica's CPUs when the replica starts, but a library
+    loaded before that, in a warm worker that imported the predictor's modules ahead, sized its
+    thread pool for every core of the host: two replicas on two CPUs then ran four busy torch
+    threads, and a light model's matrix products took several times as long (benchmarks/RESULTS.md 1g).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads") and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    if pa.cpu_count() > threads:
+        pa.set_cpu_count(threads)
+
+
+def _in_ray_actor() -> bool:
+    """Whether this process is a Ray actor's worker (a replica), not a driver or a test calling a stage."""
+    ray = sys.modules.get("ray")
+    try:
+        return ray is not None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+    except Exception:  # noqa: BLE001 - an optimisation only: without Ray's answer, leave the threads alone
+        return False
+
+
 def _cuts_between_ranges(table: pa.Table, rows: int) -> list[int]:
     """Row positions that cut ``table`` (rows in range order) into runs of whole ranges, each of
     at least ``rows`` rows but the last."""
@@ -162,11 +200,9 @@ def _cuts_between_ranges(table: pa.Table, rows: int) -> list[int]:
 
 def split_rejected(table: pa.Table) -> tuple[pa.Table, pa.Table]:
     """(accepted rows, rejected rows); rejected rows keep only their internal columns."""
-    if REJECT_COLUMN not in table.column_names:
-        return table, table.schema.empty_table().select([])
+    if REJECT_COLUMN not in table.column_names or table.column(REJECT_COLUMN).null_count == table.num_rows:
+        return table, _NO_ROWS
     valid = pc.is_valid(table.column(REJECT_COLUMN))
-    if not pc.any(valid).as_py():
-        return table, table.schema.empty_table().select([])
     internal = [c for c in table.column_names if c.startswith(INTERNAL_PREFIX)]
     return table.filter(pc.invert(valid)), table.filter(valid).select(internal)
 
@@ -190,6 +226,10 @@ def rejects_table(rejected: pa.Table) -> pa.Table:
         columns + [rejected.column(REJECT_COLUMN).cast(pa.string()), kinds.cast(pa.string())],
         names=names + ["reason", "kind"],
     )
+
+
+#: No rows and no columns: what :func:`split_rejected` returns when no row is rejected (built once per batch before).
+_NO_ROWS = pa.table({})
 
 
 def split_by_range(table: pa.Table) -> Iterator[tuple[int, pa.Table]]:

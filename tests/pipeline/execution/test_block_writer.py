@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.execution.block_writer import RECEIPT_SUFFIX, write_block
+from airflow_provider_raybatch.pipeline.execution.block_writer import (
+    RECEIPT_SUFFIX,
+    _write_file,
+    key_problem,
+    parquet_options,
+    write_block,
+)
 from airflow_provider_raybatch.pipeline.execution.range_commits import RangeCommits
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.summary import Progress
@@ -55,3 +65,44 @@ def test_ranges_written_before_the_stream_failed_are_committed_from_their_receip
     summary = run_batch_inference(cfg)
     assert summary.ranges_skipped == 3 and summary.rows_processed == 0
     assert_output_sound(cfg.output_path, range(300))
+
+
+def test_float_columns_and_the_key_are_written_without_dictionary_and_floats_uncompressed(tmp_path):
+    import fsspec
+
+    rows = 1000
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(rows)),
+            "label": pa.array(np.arange(rows) % 3),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(np.ones(rows * 4, np.float32)), 4),
+            "name": pa.array(["a", "b"] * (rows // 2)),
+        }
+    )
+    options = parquet_options(table.schema, "id")
+    assert options["use_dictionary"] == ["label", "name"]
+    assert options["compression"] == {
+        "id": "snappy",
+        "label": "snappy",
+        "embedding.list.element": "none",
+        "name": "snappy",
+    }
+    path = str(tmp_path / "part.parquet")
+    assert _write_file(fsspec.filesystem("file"), path, table, "id") == Path(path).stat().st_size
+    columns = pq.ParquetFile(path).metadata.row_group(0)
+    written = {columns.column(i).path_in_schema: columns.column(i) for i in range(columns.num_columns)}
+    assert "RLE_DICTIONARY" in written["label"].encodings and "RLE_DICTIONARY" not in written["id"].encodings
+    assert "RLE_DICTIONARY" not in written["embedding.list.element"].encodings
+    assert written["embedding.list.element"].compression == "UNCOMPRESSED" and written["name"].compression == "SNAPPY"
+    assert pq.read_table(path).equals(table)
+    # Without a key (the rejects' files), every column but floats keeps its dictionary.
+    assert parquet_options(table.schema, None)["use_dictionary"] == ["id", "label", "name"]
+
+
+def test_increasing_ids_are_a_key_and_others_are_counted():
+    ids = pa.chunked_array([[1, 2, 5], [7, 9]])
+    assert key_problem([ids], "id") is None
+    assert "1 duplicated id(s), e.g. 5" in key_problem([pa.chunked_array([[1, 5, 5]])], "id")
+    assert key_problem([pa.chunked_array([[3, 1, 2]])], "id") is None  # not in order: counted, distinct
+    assert "duplicated" in key_problem([pa.chunked_array([[1, 2]]), pa.chunked_array([[2]])], "id")
+    assert key_problem([pa.chunked_array([["b", "a"]])], "id") is None

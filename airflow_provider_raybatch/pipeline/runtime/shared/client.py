@@ -140,6 +140,16 @@ class SharedRayClient:
             return 0
         return add
 
+    def held_by_others(self) -> dict[str, float]:
+        """What the other connected tasks took of the head's resources, per resource (a snapshot)."""
+        with locked(self.root):
+            shares = shares_held(self.root, exclude=self.id)
+        held: dict[str, float] = {}
+        for share in shares.values():
+            for name, amount in share.items():
+                held[name] = held.get(name, 0) + amount
+        return held
+
     def take_share(
         self, need: Mapping[str, float], total: Mapping[str, float], timeout_s: float | None, poll_s: float = 0.5
     ) -> None:
