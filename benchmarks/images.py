@@ -131,7 +131,7 @@ def breakdown(timings: Path, result: dict[str, Any]) -> dict[str, Any]:
     spent: dict[str, float] = {}
     for line in lines:
         spent[line["stage"]] = spent.get(line["stage"], 0.0) + line["end"] - line["start"]
-    row: dict[str, Any] = {f"{stage}_s": round(seconds, 2) for stage, seconds in sorted(spent.items())}
+    row: dict[str, Any] = {f"{stage}_s": round(seconds, 4) for stage, seconds in sorted(spent.items())}
     model = sorted((line["start"], line["end"]) for line in lines if line["stage"] == "model")
     if model:
         start, end = result["started_at"], result["started_at"] + result["wall_s"]
