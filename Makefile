@@ -73,7 +73,7 @@ test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 # side with a cluster of the newest Ray (the hook's and trigger's tests, and the operator's run, reattach,
 # resubmit, stop and deferral), and this venv's with a cluster of the oldest Ray (all the operator's cluster
 # tests but the table output's, whose code is not Ray's: the cluster runs the provider's job code on its own
-# Ray). 16 minutes on 2 quiet cores (2026-11-25).
+# Ray). 16 minutes on 2 quiet cores (2026-11-25); 18.5 with the whole runner file (2026-11-27), now a subset.
 OLDEST := airflow-3.1.8-ray-2.55.1
 OLDEST_VENV := .venv-oldest
 # Of the runner's tests, those whose outcome depends on how Ray Data executes (the rest check settings
