@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,25 @@ def make_input(
     folder = work_dir / f"input-{rows}-{rows_per_file}"
     if row_group_rows != ROW_GROUP_ROWS:
         folder = folder.with_name(f"{folder.name}-{row_group_rows}")
-    marker = folder / "_COMPLETE"  # a leading underscore: the planner skips it
+
+    def columns(rng: np.random.Generator, n: int) -> dict[str, pa.Array]:
+        x = rng.standard_normal((n, FEATURES), dtype=np.float32)
+        return {"features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES)}
+
+    return _write_parts(folder, rows, rows_per_file, row_group_rows, seed, columns)
+
+
+def _write_parts(
+    folder: Path,
+    rows: int,
+    per_file: int,
+    row_group_rows: int,
+    seed: int,
+    columns: Callable[[np.random.Generator, int], dict[str, pa.Array]],
+) -> Path:
+    """``folder`` of Parquet files of ``id`` (int64, from 0) and the ``columns`` of each file's rows,
+    written once: a ``_COMPLETE`` marker (the planner skips a leading underscore) says it is whole."""
+    marker = folder / "_COMPLETE"
     if marker.exists():
         return folder
     shutil.rmtree(folder, ignore_errors=True)
@@ -35,14 +54,8 @@ def make_input(
     rng = np.random.default_rng(seed)
     start, index = 0, 0
     while start < rows or index == 0:
-        n = min(rows_per_file, rows - start)
-        x = rng.standard_normal((n, FEATURES), dtype=np.float32)
-        table = pa.table(
-            {
-                "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
-                "features": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), FEATURES),
-            }
-        )
+        n = min(per_file, rows - start)
+        table = pa.table({"id": pa.array(np.arange(start, start + n, dtype=np.int64)), **columns(rng, n)})
         pq.write_table(table, folder / f"part-{index:04d}.parquet", row_group_size=row_group_rows)
         start, index = start + n, index + 1
     marker.touch()
@@ -88,16 +101,7 @@ def make_image_input(work_dir: Path, images: int, per_file: int = IMAGES_PER_FIL
 
     from PIL import Image, ImageDraw
 
-    folder = work_dir / f"images-{images}-{per_file}"
-    marker = folder / "_COMPLETE"
-    if marker.exists():
-        return folder
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    rng = np.random.default_rng(seed)
-    start, index = 0, 0
-    while start < images or index == 0:
-        n = min(per_file, images - start)
+    def columns(rng: np.random.Generator, n: int) -> dict[str, pa.Array]:
         encoded = []
         for _ in range(n):
             width, height = (int(v) for v in rng.integers(224, 321, size=2))
@@ -115,13 +119,10 @@ def make_image_input(work_dir: Path, images: int, per_file: int = IMAGES_PER_FIL
             buffer = io.BytesIO()
             image.save(buffer, format="JPEG", quality=90)
             encoded.append(buffer.getvalue())
-        table = pa.table(
-            {"id": pa.array(np.arange(start, start + n, dtype=np.int64)), "image": pa.array(encoded, pa.binary())}
-        )
-        pq.write_table(table, folder / f"part-{index:04d}.parquet", row_group_size=IMAGE_ROW_GROUP)
-        start, index = start + n, index + 1
-    marker.touch()
-    return folder
+        return {"image": pa.array(encoded, pa.binary())}
+
+    folder = work_dir / f"images-{images}-{per_file}"
+    return _write_parts(folder, images, per_file, IMAGE_ROW_GROUP, seed, columns)
 
 
 def cnn_weights(work_dir: Path) -> Path:
