@@ -5,7 +5,6 @@ watches."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -15,6 +14,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -216,18 +216,9 @@ def repo_env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
-@contextlib.contextmanager
 def environment(values: dict[str, str]):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    """``values`` set in this process's environment while the block runs, then the old one back."""
+    return mock.patch.dict(os.environ, values)
 
 
 class Api:
