@@ -169,15 +169,22 @@ import ray
 from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_workers, ray_session
 
 @ray.remote
-def probe():
-    time.sleep(0.5)  # both probes at once: each on a worker of its own
+def probe(meet):
+    # Both probes wait for each other, so each runs on a worker of its own (a probe that finished
+    # first would let Ray hand the other to the same worker).
+    open(os.path.join(meet, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(meet)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     return {"pid": os.getpid(), "mark": os.environ.get("RAYBATCH_TEST_MARK")}
 
 with ray_session() as client:
     print("PRESTART " + json.dumps({"job_env": str(client.env_path), "ok": prestart_workers(2)}), flush=True)
     while not os.path.exists(sys.argv[1]):
         time.sleep(0.1)
-    print("RAN " + json.dumps(ray.get([probe.remote(), probe.remote()])), flush=True)
+    meet = sys.argv[1] + ".meet"
+    os.mkdir(meet)
+    print("RAN " + json.dumps(ray.get([probe.remote(meet), probe.remote(meet)])), flush=True)
 """
 
 
