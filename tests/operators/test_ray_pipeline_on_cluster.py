@@ -214,12 +214,16 @@ def test_killing_the_task_stops_its_job(tmp_path, cluster):
 
 def test_a_second_run_on_an_output_fails_naming_the_ray_job_that_writes_it(tmp_path, cluster, capfd):
     write_input(tmp_path / "in", [600])
+    # The first run holds its output until the second has been refused (a run that merely took long
+    # could end first: the second run's start is seconds of Airflow and Ray on a loaded machine).
+    marker = tmp_path / "hold"
+    marker.touch()
     common = {
         "input_path": str(tmp_path / "in"),
         "output_path": str(tmp_path / "out"),
         "rows_per_range": 100,
-        "predictor": "tests.support.predictors:SlowScore",
-        "predictor_kwargs": {"delay_s": 1.0},
+        "predictor": "tests.support.predictors:WaitWhileMarked",
+        "predictor_kwargs": {"marker": str(marker)},
         "batch_size": 50,
     }
     process = start_task_process(tmp_path, dag_id="writer_one", **common)
@@ -231,6 +235,7 @@ def test_a_second_run_on_an_output_fails_naming_the_ray_job_that_writes_it(tmp_p
         assert f"is being written by dag writer_one, run {ti.run_id}, task score, try 1, Ray job {sid}" in log
         (second,) = jobs_of(cluster, "writer_two").values()
         assert second["status"] == "FAILED"
+        marker.unlink()
         process.wait(timeout=300)
         assert wait_for_status(cluster, sid, "SUCCEEDED") == "SUCCEEDED"  # the first run is not disturbed
     finally:
