@@ -14,14 +14,14 @@ split into decode, model and the rest (hand-off between stages, writing, waiting
 from __future__ import annotations
 
 import io
-import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+
+from benchmarks.support.timings import record
 
 IMAGE_SIZE = 224
 CLASSES = 10
@@ -30,21 +30,6 @@ MODEL_CLASS = "benchmarks.cnn:CNN"
 #: ImageNet's mean and standard deviation per channel, as the guide's ``Normalize``.
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-TIMINGS_ENV = "RAYBATCH_BENCH_TIMINGS"
-
-
-def record(stage: str, started: float, images: int) -> None:
-    """Append one timed batch to ``$RAYBATCH_BENCH_TIMINGS`` (nothing when it is not set).
-
-    Wall-clock times (``time.time()``), so that the processes of a run share one clock; one short
-    line per write, which O_APPEND keeps whole between processes.
-    """
-    path = os.environ.get(TIMINGS_ENV)
-    if not path:
-        return
-    line = json.dumps({"stage": stage, "pid": os.getpid(), "start": started, "end": time.time(), "images": images})
-    with open(path, "a") as f:
-        f.write(line + "\n")
 
 
 class CNN(nn.Module):

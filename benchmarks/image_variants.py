@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from benchmarks.cnn import IMAGE_SIZE, MODEL_CLASS, load_cnn, normalize, preprocess, record
+from benchmarks.cnn import IMAGE_SIZE, MODEL_CLASS, load_cnn, normalize, preprocess
+from benchmarks.support.timings import record
 
 OUTPUT_SCHEMA = pa.schema([("id", pa.int64()), ("label", pa.int64())])
 

@@ -7,7 +7,7 @@ side), decoded and resized to 224x224 and normalised on CPUs, classified by a sm
 same preprocessing function, model, weights, batch size and torch threads everywhere (Daft
 decodes and resizes with its own image functions); each run in its own process, the variants
 back to back, so ratios come from one run. Every variant's decode and model calls time
-themselves (``benchmarks.cnn.record``): the table splits each run into decode, model, and the
+themselves (``benchmarks.support.timings.record``): the table splits each run into decode, model, and the
 rest (start-up, hand-off between stages, writing, shut-down).
 
     python -m benchmarks.images               # 2,000 images
@@ -16,7 +16,6 @@ rest (start-up, hand-off between stages, writing, shut-down).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from benchmarks.support.processes import shared_ray_env
 from benchmarks.support.results import Results
 from benchmarks.support.runs import DAFT_ENV_HINT, DAFT_PYTHON, run_variant
 from benchmarks.support.stats import median, ratio
+from benchmarks.support.timings import TIMINGS_ENV, read_timings
 
 VARIANTS = ["plain", "operator", "operator_shared", "handwritten", "daft"]
 OPERATORS = ("operator", "operator_shared")
@@ -87,7 +87,7 @@ def measure(args, results: Results, variants: list[str], shared_env: dict[str, s
                     "threads": args.threads,
                     "rows_per_range": args.rows_per_range,
                 }
-                env = {"RAYBATCH_BENCH_TIMINGS": str(timings)}
+                env = {TIMINGS_ENV: str(timings)}
                 name = "images_operator" if variant in OPERATORS else f"images_{variant}"
                 if variant == "operator_shared":
                     env.update(shared_env)
@@ -127,7 +127,7 @@ def breakdown(timings: Path, result: dict[str, Any]) -> dict[str, Any]:
     ``after_model_s``: from the last model call to the end of the clock (the last write, the
     last commits, the engine's shut-down).
     """
-    lines = [json.loads(line) for line in timings.read_text().splitlines()] if timings.exists() else []
+    lines = read_timings(timings)
     spent: dict[str, float] = {}
     for line in lines:
         spent[line["stage"]] = spent.get(line["stage"], 0.0) + line["end"] - line["start"]

@@ -10,13 +10,14 @@ import argparse
 import time
 from pathlib import Path
 
-from benchmarks import checkpoint_cost, commit_cost, fixed_cost, images, memory, resume, scale, throughput
+from benchmarks import checkpoint_cost, cold_start, commit_cost, fixed_cost, images, memory, resume, scale, throughput
 from benchmarks.support.paths import DEFAULT_RESULTS_DIR, DEFAULT_WORK_DIR
 from benchmarks.support.results import machine
 
 BENCHMARKS = {
     "throughput": (throughput, ["--rows", "200000", "400000"]),
     "fixed_cost": (fixed_cost, ["--rows", "200000", "--repeats", "1"]),
+    "cold_start": (cold_start, ["--repeats", "1"]),
     "resume": (resume, ["--rows", "400000"]),
     "checkpoint_cost": (checkpoint_cost, ["--rows", "400000", "--repeats", "1", "--finer"]),
     "commit_cost": (commit_cost, ["--ranges", "20", "--repeats", "1"]),

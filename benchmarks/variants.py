@@ -21,6 +21,7 @@ complete and Ray is shut down.
   -> ``select`` of the id and a ``@daft.cls`` batch method's logits -> ``write_parquet``. Daft needs pyarrow < 26,
   the project pins 26: this one runs with ``.venv-daft``'s interpreter (``make daft-env``), so
   it imports daft inside its function and this module imports nothing that venv lacks.
+- ``quickstart``: the quick start's task, its replica's start timed (``benchmarks/cold_start.py``).
 - ``images_*``: the image workload of ``benchmarks/images.py`` (``benchmarks.image_variants``).
 """
 
@@ -165,6 +166,62 @@ def operator_defaults(p: dict[str, Any]) -> dict[str, Any]:
     context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
     summary = task.execute(context)
     return {"rows": summary["rows_processed"], "summary": summary}
+
+
+#: Lines of a task's log that mark the steps of its start (``benchmarks/cold_start.py``).
+START_MARKS = {
+    "ranges to process": "planned",
+    "Starting the shared local Ray": "head start asked",
+    "Connected to the shared local Ray": "connected",
+}
+
+
+def quickstart(p: dict[str, Any]) -> dict[str, Any]:
+    """The quick start's task (``dags/daily_batch_inference.py``'s arguments on its defaults) with
+    :class:`benchmarks.timed_predictor.TimedTorchPredictor`; ``marks``: when its log said each of
+    :data:`START_MARKS` (wall-clock)."""
+    import logging
+    from types import SimpleNamespace
+
+    from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+
+    marks: dict[str, float] = {}
+
+    class Marks(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            for text, mark in START_MARKS.items():
+                if text in message:
+                    marks.setdefault(mark, record.created)
+
+    logger = logging.getLogger("airflow_provider_raybatch")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(Marks())
+    task = RayBatchInferenceOperator(
+        task_id="predict_digits",
+        input_path=p["input"],
+        output_path=p["output"],
+        predictor="benchmarks.timed_predictor:TimedTorchPredictor",
+        predictor_kwargs={
+            "model_class": "airflow_provider_raybatch.examples.digits:DigitsMLP",
+            "weights_path": p["weights"],
+            "input_column": "features",
+            "output_column": "predicted_label",
+            "argmax": True,
+        },
+        batch_size=256,
+        concurrency=1,
+        keep_columns=["id", "label"],
+        id_column="id",
+        rows_per_range=200,
+        ray_conn_id=None,  # no `ray` connection: the local Ray (shared by default)
+        asset=None,  # no DAG run here to emit an asset event in
+    )
+    ti = SimpleNamespace(
+        dag_id="daily_batch_inference", run_id="bench", task_id="predict_digits", map_index=-1, try_number=1
+    )
+    summary = task.execute({"ti": ti})
+    return {"rows": summary["rows_processed"], "summary": summary, "marks": marks}
 
 
 def _count_driver_bytes() -> list[int]:
@@ -345,6 +402,7 @@ VARIANTS = {
     "plain": plain,
     "operator": operator,
     "operator_defaults": operator_defaults,
+    "quickstart": quickstart,
     "handwritten": handwritten,
     "handwritten_arrow": lambda p: handwritten(p, arrow=True),
     "daft": daft_udf,
@@ -357,7 +415,7 @@ def main(argv: list[str]) -> None:
         sys.path.insert(0, params["package_root"])
     if params.get("fresh_output", True) and "output" in params:
         shutil.rmtree(params["output"], ignore_errors=True)
-    if name in ("operator", "images_operator", "operator_defaults"):
+    if name in ("operator", "images_operator", "operator_defaults", "quickstart"):
         import airflow_provider_raybatch.operators.batch_inference  # noqa: F401 - a task process has it loaded
     started_at = time.time()
     print(f"STARTED {started_at}", flush=True)  # for a parent that kills this run before its result

@@ -247,3 +247,39 @@ def test_images_daft_variant_classifies_every_image(tmp_path):
     # Daft decodes and resizes with its own code: the same images, labels from the same classes.
     assert outputs["daft"]["id"] == outputs["plain"]["id"] == list(range(20))
     assert set(outputs["daft"]["label"]) <= set(range(10))
+
+
+def test_cold_start_script_times_a_first_task_step_by_step(tmp_path):
+    out = tmp_path / "results"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.cold_start",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+            "--work-dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (row,) = json.loads((out / "cold_start.json").read_text())["rows"]
+    assert row["rows"] == 597 and row["head_up_s"] > 0
+    # Every step was seen, in the order one waits for the other (the replica's process from the head).
+    order = [
+        "head start asked",
+        "connected",
+        "replica process started",
+        "worker start to its imports done",
+        "import torch done",
+        "model load done",
+        "first batch done",
+        "first_commit_s",
+    ]
+    assert [row[step] for step in order] == sorted(row[step] for step in order), row
