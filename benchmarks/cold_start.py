@@ -37,16 +37,10 @@ REPLICA_STEPS = ("worker start to its imports", "import torch", "model load", "f
 
 
 def quickstart_data(work_dir: Path) -> tuple[Path, Path]:
-    """The quick start's model and input (`make demo`'s), made once under ``work_dir``."""
-    from airflow_provider_raybatch.examples.digits import train, write_input
+    """The quick start's model and one date's input, made once under ``work_dir`` as `make demo` makes them."""
+    from airflow_provider_raybatch.examples.digits import prepare
 
-    root = work_dir / "quickstart"
-    weights, folder = root / "model" / "digits.safetensors", root / "input"
-    if not weights.exists():
-        train(weights)
-    if not (folder / "digits.parquet").exists():
-        write_input(folder)
-    return weights, folder
+    return prepare(work_dir / "quickstart", "2026-11-26")
 
 
 def head_up_s(base: str) -> float | None:

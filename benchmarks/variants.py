@@ -88,9 +88,14 @@ def plain(p: dict[str, Any]) -> dict[str, Any]:
 # --- the operator -----------------------------------------------------------------------------
 
 
-def operator(p: dict[str, Any]) -> dict[str, Any]:
+def task_context() -> dict[str, Any]:
+    """What ``execute()`` reads of an Airflow context, for a benchmark's task outside a DAG run."""
     from types import SimpleNamespace
 
+    return {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
+
+
+def operator(p: dict[str, Any]) -> dict[str, Any]:
     from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 
     task = RayBatchInferenceOperator(
@@ -123,7 +128,7 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
         iceberg_conn_id=None,
         table_commit_interval=p.get("table_commit_interval", 60.0),
     )
-    context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
+    context = task_context()
     driver_bytes = _count_driver_bytes() if p.get("count_driver_bytes") else None
     if p.get("ray_address"):
         # An existing cluster: what execute() does once the hook resolved a connection's address.
@@ -148,8 +153,6 @@ def operator(p: dict[str, Any]) -> dict[str, Any]:
 def operator_defaults(p: dict[str, Any]) -> dict[str, Any]:
     """The operator as a new user runs it: their own predictor class (:class:`benchmarks.model.GuideClassifier`,
     which sets no threads), every argument on its default but ``batch_size`` and ``id_column``."""
-    from types import SimpleNamespace
-
     from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 
     task = RayBatchInferenceOperator(
@@ -163,7 +166,7 @@ def operator_defaults(p: dict[str, Any]) -> dict[str, Any]:
         ray_conn_id=None,  # no `ray` connection: the local Ray (shared by default)
         asset=None,  # no DAG run here to emit an asset event in
     )
-    context: Any = {"ti": SimpleNamespace(dag_id="bench", run_id="bench", task_id="score", map_index=-1, try_number=1)}
+    context = task_context()
     summary = task.execute(context)
     return {"rows": summary["rows_processed"], "summary": summary}
 
@@ -181,7 +184,6 @@ def quickstart(p: dict[str, Any]) -> dict[str, Any]:
     :class:`benchmarks.timed_predictor.TimedTorchPredictor`; ``marks``: when its log said each of
     :data:`START_MARKS` (wall-clock)."""
     import logging
-    from types import SimpleNamespace
 
     from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 
@@ -217,10 +219,7 @@ def quickstart(p: dict[str, Any]) -> dict[str, Any]:
         ray_conn_id=None,  # no `ray` connection: the local Ray (shared by default)
         asset=None,  # no DAG run here to emit an asset event in
     )
-    ti = SimpleNamespace(
-        dag_id="daily_batch_inference", run_id="bench", task_id="predict_digits", map_index=-1, try_number=1
-    )
-    summary = task.execute({"ti": ti})
+    summary = task.execute(task_context())
     return {"rows": summary["rows_processed"], "summary": summary, "marks": marks}
 
 

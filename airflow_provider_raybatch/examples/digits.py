@@ -82,20 +82,28 @@ def accuracy(output_path: str, prediction_column: str = "predicted_label") -> tu
     return table.num_rows, float(correct.mean()) if table.num_rows else 0.0
 
 
+def prepare(root: Path, date: str) -> tuple[Path, Path]:
+    """The demo's model and ``date``'s input under ``root``: their paths.
+
+    What exists is kept: a finished date's input rewritten would be a changed input, which resume
+    rightly refuses, so the demo runs again as the no-op it is.
+    """
+    weights, folder = root / "model" / "digits.safetensors", root / "input" / date
+    if weights.exists():
+        print(f"model: {weights} (kept)")
+    else:
+        print(f"model trained (train accuracy {train(weights):.3f}): {weights}")
+    if (folder / "digits.parquet").exists():
+        print(f"input for {date}: {folder} (kept)")
+    else:
+        print(f"input for {date}: {write_input(folder)} rows in {folder}")
+    return weights, folder
+
+
 def main(argv: list[str] | None = None) -> None:
     command, root, date = demo_args(__doc__, argv)
     if command == "prepare":
-        # What exists is kept: a finished date's input rewritten would be a changed input, which
-        # resume rightly refuses, so the demo runs again as the no-op it is.
-        weights, folder = root / "model" / "digits.safetensors", root / "input" / date
-        if weights.exists():
-            print(f"model: {weights} (kept)")
-        else:
-            print(f"model trained (train accuracy {train(weights):.3f}): {weights}")
-        if (folder / "digits.parquet").exists():
-            print(f"input for {date}: {folder} (kept)")
-        else:
-            print(f"input for {date}: {write_input(folder)} rows in {folder}")
+        prepare(root, date)
     else:
         output = root / "output" / date
         rows, acc = accuracy(str(output))
