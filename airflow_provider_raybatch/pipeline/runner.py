@@ -16,8 +16,10 @@ blocks.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import gc
 import logging
 import time
 from contextlib import nullcontext
@@ -45,6 +47,8 @@ from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_worker
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from airflow_provider_raybatch.pipeline.tables.table_commits import TableCommits
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,9 @@ def run_batch_inference(
         if table is not None:
             table.commit(final=True)
             table_version = table.version()
+    except BaseException as e:
+        _release_frames(e)
+        raise
     finally:
         run.release()
     return progress.summary(config.output_path, time.monotonic() - started, table_version)
@@ -258,3 +265,33 @@ def _stream(
                 raise
     finally:
         scored.clear()
+
+
+def _release_frames(error: BaseException) -> None:
+    """Clear the local variables of the finished frames that ``error`` (and its chain) keeps.
+
+    Ray Data's executor raises with frames whose locals hold its in-flight tasks, and each task
+    the handle of the replica that runs it: whoever keeps the exception (a retry in the same
+    process, as ``dag.test()`` makes them, a notebook's last traceback) would keep those replicas
+    alive, with the CPUs and GPUs they reserve, and the next run would wait for them. A traceback
+    keeps its frames' callers too (a frame holds its ``f_back``). The tracebacks still print.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        tb = current.__traceback__
+        while tb is not None:
+            frame: FrameType | None = tb.tb_frame
+            while frame is not None:
+                with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
+                    frame.clear()
+                frame = frame.f_back
+            tb = tb.tb_next
+        pending += [current.__cause__, current.__context__]
+    # Ray Data's executor, operators and tasks refer to each other: freed now, not at the
+    # interpreter's next full collection (which a process that does little may not reach for minutes).
+    gc.collect()

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,30 @@ def test_failed_first_try_resumes_from_committed_ranges(tmp_path):
     assert summary.ranges_skipped == committed_after_failure
     assert summary.rows_processed == 1000 - 100 * committed_after_failure
     assert_output_sound(tmp_path / "out", range(1000))
+
+
+def test_a_failed_run_kept_as_an_exception_releases_its_replicas(tmp_path):
+    """A caller that keeps the error (a retry in the same process, a notebook's last traceback)
+    does not keep the failed run's replicas, nor the CPUs they reserve, once their work ends."""
+    import ray
+
+    write_input(tmp_path / "in", [200])
+    (tmp_path / "busy").mkdir()
+    cfg = config(
+        tmp_path,
+        predictor="tests.support.predictors:FailWhileAnotherRangeRuns",
+        predictor_kwargs={"folder": str(tmp_path / "busy")},
+        concurrency=2,
+    )
+    with pytest.raises(Exception, match="injected failure") as failure:
+        run_batch_inference(cfg)
+    assert os.listdir(tmp_path / "busy"), "the other range was not being scored when the run failed"
+    total = ray.cluster_resources()["CPU"]
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < total and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray.available_resources().get("CPU", 0) == total, "a replica of the failed run still holds its CPU"
+    assert "injected failure" in "".join(traceback.format_exception(failure.value))  # it still prints
 
 
 def test_sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_nothing(tmp_path):

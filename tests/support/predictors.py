@@ -107,6 +107,24 @@ class FailWhileMarked:
         return self.output is not None and os.path.isdir(segments) and bool(os.listdir(segments))
 
 
+class FailWhileAnotherRangeRuns:
+    """Raises on the range holding id 0 once another range is being scored (``folder`` shows it,
+    within 30 s), which takes ``busy_s``: a run that fails while a replica is busy."""
+
+    def __init__(self, folder: str, busy_s: float = 3.0):
+        self.folder, self.busy_s = folder, busy_s
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if batch["id"].min() == 0:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not os.listdir(self.folder):
+                time.sleep(0.05)
+            raise RuntimeError("injected failure")
+        open(os.path.join(self.folder, str(batch["id"].min())), "w").close()
+        time.sleep(self.busy_s)
+        return {"score": batch["features"].sum(axis=1)}
+
+
 class LoadMarker:
     """Writes a marker file when the model 'loads', to prove that checks ran before loading."""
 
