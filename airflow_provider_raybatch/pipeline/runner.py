@@ -274,7 +274,8 @@ def _release_frames(error: BaseException) -> None:
     the handle of the replica that runs it: whoever keeps the exception (a retry in the same
     process, as ``dag.test()`` makes them, a notebook's last traceback) would keep those replicas
     alive, with the CPUs and GPUs they reserve, and the next run would wait for them. A traceback
-    keeps its frames' callers too (a frame holds its ``f_back``). The tracebacks still print.
+    keeps its frames' callers too (a frame holds its ``f_back``). The tracebacks still print; a
+    post-mortem debugger finds the cleared frames' variables gone.
     """
     seen: set[int] = set()
     pending: list[BaseException | None] = [error]
