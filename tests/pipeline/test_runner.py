@@ -134,14 +134,19 @@ def test_a_failed_run_kept_as_an_exception_releases_its_replicas(tmp_path):
         predictor_kwargs={"folder": str(tmp_path / "busy")},
         concurrency=2,
     )
+
+    def free_cpus_within(seconds: float, at_least: float) -> float:
+        deadline = time.monotonic() + seconds
+        while (free := ray.available_resources().get("CPU", 0)) < at_least and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return free
+
+    # What the run finds free (the shared Ray's other users, an earlier run's replicas still ending).
+    before = free_cpus_within(30, ray.cluster_resources()["CPU"])
     with pytest.raises(Exception, match="injected failure") as failure:
         run_batch_inference(cfg)
     assert os.listdir(tmp_path / "busy"), "the other range was not being scored when the run failed"
-    total = ray.cluster_resources()["CPU"]
-    deadline = time.monotonic() + 60
-    while ray.available_resources().get("CPU", 0) < total and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert ray.available_resources().get("CPU", 0) == total, "a replica of the failed run still holds its CPU"
+    assert free_cpus_within(60, before) >= before, "a replica of the failed run still holds its CPU"
     assert "injected failure" in "".join(traceback.format_exception(failure.value))  # it still prints
 
 

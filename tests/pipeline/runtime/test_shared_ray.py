@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -116,6 +117,24 @@ def test_a_head_recorded_for_another_ray_version_is_replaced(shared):
     assert not Path(f"/proc/{record['monitor_pid']}").exists()
 
 
+def settled(pids: set[int], interval_s: float = 0.5) -> bool:
+    """Whether none of ``pids`` used CPU time within ``interval_s`` (a started worker waits idle)."""
+
+    def cpu_ticks() -> list[int]:
+        ticks = []
+        for pid in sorted(pids):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            ticks.append(int(fields[11]) + int(fields[12]))  # utime, stime
+        return ticks
+
+    try:
+        before = cpu_ticks()
+        time.sleep(interval_s)
+        return cpu_ticks() == before
+    except OSError:  # one has ended: not settled (the assertions after say what ran)
+        return False
+
+
 def job_processes(job_env: str) -> list[int]:
     """Processes started for one task's job: its runtime_env names its environment file."""
     mark = f"RAYBATCH_JOB_ENV={job_env}\0".encode()
@@ -208,6 +227,9 @@ def test_workers_prestarted_for_a_task_have_its_environment_and_run_its_work(sha
     # Nothing is scheduled yet: the job's worker processes are the two asked for, started now.
     assert wait_until(lambda: len(job_processes(started["job_env"])) == 2, 60), "".join(lines)
     prestarted = set(job_processes(started["job_env"]))
+    # Released once both have started (their CPU time stands still): a worker still starting when
+    # the probes come is not one Ray can hand them, and Ray would start another.
+    assert wait_until(lambda: settled(prestarted), 120), "".join(lines)
     release.touch()
     rest, _ = task.communicate(timeout=120)
     assert task.returncode == 0, "".join(lines) + rest
