@@ -16,13 +16,13 @@ blocks.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import gc
 import logging
 import time
-from contextlib import nullcontext
+import traceback
+from contextlib import nullcontext, suppress
 from typing import TYPE_CHECKING, Any
 
 from fsspec import AbstractFileSystem
@@ -47,8 +47,6 @@ from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_worker
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 
 if TYPE_CHECKING:
-    from types import FrameType
-
     from airflow_provider_raybatch.pipeline.tables.table_commits import TableCommits
 
 log = logging.getLogger(__name__)
@@ -284,14 +282,10 @@ def _release_frames(error: BaseException) -> None:
         if current is None or id(current) in seen:
             continue
         seen.add(id(current))
-        tb = current.__traceback__
-        while tb is not None:
-            frame: FrameType | None = tb.tb_frame
-            while frame is not None:
-                with contextlib.suppress(RuntimeError):  # a frame still running keeps its locals
+        for tb_frame, _ in traceback.walk_tb(current.__traceback__):
+            for frame, _ in traceback.walk_stack(tb_frame):  # the frame, then its callers
+                with suppress(RuntimeError):  # a frame still running keeps its locals
                     frame.clear()
-                frame = frame.f_back
-            tb = tb.tb_next
         pending += [current.__cause__, current.__context__]
     # Ray Data's executor, operators and tasks refer to each other: freed now, not at the
     # interpreter's next full collection (which a process that does little may not reach for minutes).
