@@ -9,14 +9,21 @@ On a machine with an NVIDIA GPU, two workloads run through the real runner
 - ``transformers``: the LLM operator's ``transformers`` engine on CUDA (``device="cuda"``), with a
   tiny Qwen2 built offline, answering a prompt per row of a companies table.
 
-While each runs, ``nvidia-smi`` samples the GPU's utilisation. Rows/s are whole runs (model
-loading, reading and writing included) on both sides. Results: ``benchmarks/results/gpu_check.{json,md}``.
-Without a CUDA GPU it says so and exits with status 2 before any work.
+Each workload runs three ways: the plain loop, in a new Python process (its start, imports and
+CUDA's set-up are timed, as a replica's are); ``runner``, which starts and stops its own Ray
+as a task on a machine without a cluster does; ``runner_ray_up``, on a Ray already started in
+this process, as a task on a running GPU cluster finds it (the Ray start left out, the workers'
+start and imports kept in). While each runs, ``nvidia-smi`` samples the GPU's utilisation.
+Rows/s are whole runs (model loading, reading and writing included) on every side. Results:
+``benchmarks/results/gpu_check.{json,md}``, written also when a later run fails. Without a CUDA GPU
+it says so and exits with status 2 before any work.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -24,6 +31,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +49,10 @@ class GpuMLP:
     """A user's predictor on the GPU: the model built once per replica, a batch scored per call."""
 
     def __init__(self, hidden: int = HIDDEN, features: int = 32):
+        self.clock = ModelClock("torch")
         import torch
 
+        self.clock.mark("torch imported")
         torch.manual_seed(0)
         self.device = torch.device("cuda")
         self.model = (
@@ -53,13 +66,65 @@ class GpuMLP:
             .to(self.device)
             .eval()
         )
+        torch.cuda.synchronize()
+        self.clock.mark("model on the GPU")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
-        with torch.inference_mode():
+        with self.clock.batch(len(batch["features"])), torch.inference_mode():
             x = torch.as_tensor(batch["features"], device=self.device)
             return {"predicted": self.model(x).argmax(dim=1).cpu().numpy()}
+
+
+class ModelClock:
+    """Where a replica's seconds go, printed every few seconds (a Ray worker's prints reach the
+    driver's output): the process's age when the predictor was built, its set-up steps, the wait
+    for the first batch, then the share of the seconds since that the model was busy (the copy
+    to the GPU and back included)."""
+
+    def __init__(self, name: str, every_s: float = 3.0):
+        import psutil
+
+        self.name, self.every_s = name, every_s
+        self.started = self.last = time.monotonic()
+        self.steps = [f"process up {time.time() - psutil.Process().create_time():.2f} s"]
+        self.first: float | None = None
+        self.busy = 0.0
+        self.rows = self.batches = 0
+        self.printed = self.started
+
+    def mark(self, step: str) -> None:
+        now = time.monotonic()
+        self.steps.append(f"{step} +{now - self.last:.2f} s")
+        self.last = now
+
+    @contextmanager
+    def batch(self, rows: int) -> Iterator[None]:
+        started = time.monotonic()
+        if self.first is None:
+            self.first = started
+            self.mark("first batch")
+            print(f"{self.name} model clock at {time.strftime('%H:%M:%S')}: {', '.join(self.steps)}", flush=True)
+        yield
+        now = time.monotonic()
+        self.busy += now - started
+        self.rows += rows
+        self.batches += 1
+        if now - self.printed >= self.every_s:
+            self.printed = now
+            print(
+                f"{self.name} model clock: {self.batches} batches, {self.rows} rows, "
+                f"busy {self.busy:.2f} s of the {now - self.first:.2f} s since the first",
+                flush=True,
+            )
+
+
+def in_new_process(run: Callable[[], int]) -> int:
+    """``run()`` in a new Python process, timed as a plain script is: its start, imports and
+    CUDA's set-up too, as the runner's replicas have theirs."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run).result()
 
 
 def gpu_or_exit() -> str:
@@ -190,49 +255,72 @@ def main() -> None:
     from benchmarks.support.stats import ratio
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=4_000_000, help="rows of the torch workload")
+    parser.add_argument("--rows", type=int, default=16_000_000, help="rows of the torch workload")
     parser.add_argument("--chat-rows", type=int, default=20_000, help="rows of the transformers workload")
     parser.add_argument("--batch-size", type=int, default=8192)
     parser.add_argument("--chat-batch-size", type=int, default=256)
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR)
+    parser.add_argument("--workloads", nargs="+", choices=["torch", "transformers"], default=["torch", "transformers"])
     args = parser.parse_args()
     gpu = gpu_or_exit()
+    # The runner's progress lines (ranges committed, rows/s) beside the results.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # The runner's own Ray, started and stopped here: nothing outlives the check.
     os.environ.setdefault("RAYBATCH_LOCAL_RAY", "per-task")
     results = Results("gpu_check", f"GPU check on {gpu}: the runner against a plain loop on the same GPU", args)
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    speed: dict[tuple[str, str], float] = {}
+
+    def timed(workload: str, variant: str, run: Callable[[], int]) -> None:
+        with Utilisation() as utilisation:
+            started = time.monotonic()
+            rows = run()
+            seconds = time.monotonic() - started
+        speed[workload, variant] = rows / seconds
+        results.add(
+            workload=workload,
+            variant=variant,
+            rows=rows,
+            seconds=round(seconds, 2),
+            rows_per_s=round(rows / seconds),
+            **utilisation.summary(),
+        )
+
     try:
-        input_dir = make_input(work, args.rows)
-        companies, task, engine = chat_setup(work, args.chat_rows)
-        runs = {
-            ("torch", "plain"): lambda: plain_torch(input_dir, work / "plain.parquet", args.batch_size),
-            ("torch", "runner"): lambda: runner_torch(input_dir, work / "out-torch", args.batch_size),
-            ("transformers", "plain"): lambda: plain_chat(companies, task, engine, args.chat_batch_size),
-            ("transformers", "runner"): lambda: runner_chat(
-                companies, work / "out-chat", task, engine, args.chat_batch_size
-            ),
-        }
-        speed: dict[tuple[str, str], float] = {}
-        for (workload, variant), run in runs.items():
-            with Utilisation() as utilisation:
-                started = time.monotonic()
-                rows = run()
-                seconds = time.monotonic() - started
-            speed[workload, variant] = rows / seconds
-            results.add(
-                workload=workload,
-                variant=variant,
-                rows=rows,
-                seconds=round(seconds, 2),
-                rows_per_s=round(rows / seconds),
-                **utilisation.summary(),
+        # Each workload: (its plain loop, the runner writing to a given output).
+        runs: dict[str, tuple[Callable[[], int], Callable[[Path], int]]] = {}
+        if "torch" in args.workloads:
+            input_dir = make_input(work, args.rows)
+            runs["torch"] = (
+                partial(plain_torch, input_dir, work / "plain.parquet", args.batch_size),
+                partial(runner_torch, input_dir, batch_size=args.batch_size),
             )
-        for workload in ("torch", "transformers"):
-            value = round(ratio(speed[workload, "runner"], speed[workload, "plain"]), 2)
-            results.check(f"{workload}: runner / plain loop, rows/s", value, "(report)", None)
+        if "transformers" in args.workloads:
+            companies, task, engine = chat_setup(work, args.chat_rows)
+            runs["transformers"] = (
+                partial(plain_chat, companies, task, engine, args.chat_batch_size),
+                partial(runner_chat, companies, task=task, engine=engine, batch_size=args.chat_batch_size),
+            )
+        for workload, (plain, runner) in runs.items():
+            timed(workload, "plain", partial(in_new_process, plain))
+            timed(workload, "runner", partial(runner, work / f"out-{workload}"))
+        import ray
+
+        from airflow_provider_raybatch.pipeline.runtime.local_ray import python_path_runtime_env
+
+        ray.init(include_dashboard=False, runtime_env=python_path_runtime_env(), configure_logging=False)
+        try:
+            for workload, (_, runner) in runs.items():
+                timed(workload, "runner_ray_up", partial(runner, work / f"out-{workload}-ray-up"))
+        finally:
+            ray.shutdown()
+        for workload in runs:
+            for variant in ("runner", "runner_ray_up"):
+                value = round(ratio(speed[workload, variant], speed[workload, "plain"]), 2)
+                results.check(f"{workload}: {variant} / plain loop, rows/s", value, "(report)", None)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    results.write()
+        results.write()
 
 
 if __name__ == "__main__":

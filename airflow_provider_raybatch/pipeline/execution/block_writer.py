@@ -73,7 +73,9 @@ def write_step_resources(cluster_cpus: float) -> dict[str, Any]:
     2,194 finished blocks waited unwritten, and no range committed, until the whole input had
     been read.
     """
-    return {"num_cpus": 0, "concurrency": max(1, int(cluster_cpus))}
+    from ray.data import TaskPoolStrategy  # as `compute`: map_batches' `concurrency` is deprecated
+
+    return {"num_cpus": 0, "compute": TaskPoolStrategy(size=max(1, int(cluster_cpus)))}
 
 
 def write_block(
