@@ -64,8 +64,13 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 # pytest exits 5 when it collects no test: not a failure of the suite itself.
 # In CI (CI=true) the suite also runs the Daft benchmark variant's smoke test, so it creates
 # .venv-daft (1 min 18 s measured at load 8 on 2 cores); elsewhere that test skips until `make daft-env`.
+# The suite runs on TEST_WORKERS pytest-xdist workers, a test file on one worker (its module fixtures
+# and order kept); each worker has its own Airflow DB and shared local Ray (tests/conftest.py). Most
+# tests wait on processes and servers (the CPUs were 59 % busy on one worker), so two workers on two
+# cores take less time. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
-	$(PY) -m pytest --durations=30 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The compatibility job (.ci/run runs it after `make test`; docs/compatibility.md): the oldest Airflow and
 # Ray the provider supports (constraints/$(OLDEST).txt, in .venv-oldest) on the tests of version-specific

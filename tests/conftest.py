@@ -14,6 +14,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# `make test` runs the suite on two pytest-xdist workers, which inherit the environment of the
+# process that started them: each worker makes the folders below its own (its Airflow DB, its
+# shared Ray), where the subprocesses its tests start reuse them.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if os.environ.get("RAYBATCH_TEST_WORKER", "") != _WORKER:
+    os.environ["RAYBATCH_TEST_WORKER"] = _WORKER
+    for _name in ("RAYBATCH_TEST_AIRFLOW_HOME", "RAYBATCH_LOCAL_RAY_DIR"):
+        os.environ.pop(_name, None)
 # Airflow reads its configuration at import: point it at a throwaway home first (shared with the
 # subprocesses a test starts, which import this module again).
 _AIRFLOW_HOME = os.environ.get("RAYBATCH_TEST_AIRFLOW_HOME") or tempfile.mkdtemp(prefix="raybatch-airflow-")
