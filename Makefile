@@ -78,7 +78,7 @@ test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 # side with a cluster of the newest Ray (the hook's and trigger's tests, and the operator's run, reattach,
 # resubmit, stop and deferral), and this venv's with a cluster of the oldest Ray (all the operator's cluster
 # tests but the table output's and the busy output's, whose code is not Ray's: the cluster runs the provider's
-# job code on its own Ray). 14.5 minutes on 2 cores (2026-11-27, a fresh clone's .ci/run).
+# job code on its own Ray). About 12 minutes on 2 cores (2026-11-27: 14 with its first part on one worker).
 OLDEST := airflow-3.1.8-ray-2.55.1
 OLDEST_VENV := .venv-oldest
 # Of the runner's tests, those whose outcome depends on how Ray Data executes (the rest check settings
@@ -107,7 +107,7 @@ $(OLDEST_VENV)/.installed: pyproject.toml constraints/$(OLDEST).txt
 oldest-env: $(OLDEST_VENV)/.installed
 
 test-compat: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
-	$(OLDEST_VENV)/bin/python -m pytest $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
+	$(OLDEST_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(VENV)/bin $(OLDEST_VENV)/bin/python -m pytest $(CLUSTER_TESTS) -k $(ACROSS) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(OLDEST_VENV)/bin $(PY) -m pytest tests/operators/test_ray_pipeline_on_cluster.py -k "not table and not second_run" $(PYTEST_ARGS)
 

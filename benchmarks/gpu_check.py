@@ -87,12 +87,11 @@ class ModelClock:
         import psutil
 
         self.name, self.every_s = name, every_s
-        self.started = self.last = time.monotonic()
+        self.last = self.printed = time.monotonic()
         self.steps = [f"process up {time.time() - psutil.Process().create_time():.2f} s"]
         self.first: float | None = None
         self.busy = 0.0
         self.rows = self.batches = 0
-        self.printed = self.started
 
     def mark(self, step: str) -> None:
         now = time.monotonic()

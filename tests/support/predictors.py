@@ -87,18 +87,23 @@ class WaitWhileMarked:
 class FailWhileMarked:
     """Raises on rows with id >= fail_from_id while the marker file exists (a failing first try).
 
-    With ``output``, it raises only once a range of that output is committed (within a minute),
-    so that the failure finds committed ranges to resume after, however fast the stage runs.
+    With ``output``, it raises only once a range of that output is committed (within ``wait_s``),
+    so that the failure finds committed ranges to resume after, however fast the stage runs. Once
+    one replica has raised, the others raise at once: the run has failed, and a replica left
+    waiting would hold its CPU for the next test.
     """
 
-    def __init__(self, marker: str, fail_from_id: int, output: str | None = None):
+    def __init__(self, marker: str, fail_from_id: int, output: str | None = None, wait_s: float = 60):
         self.marker, self.fail_from_id, self.output = marker, fail_from_id, output
+        self.wait_s = wait_s if output else 1
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if os.path.exists(self.marker) and batch["id"].max() >= self.fail_from_id:
-            deadline = time.monotonic() + (60 if self.output else 1)
-            while time.monotonic() < deadline and not self._committed():
+            raised = self.marker + ".raised"
+            deadline = time.monotonic() + self.wait_s
+            while time.monotonic() < deadline and not self._committed() and not os.path.exists(raised):
                 time.sleep(0.1)
+            open(raised, "w").close()
             raise RuntimeError("injected failure")
         return {"score": batch["features"].sum(axis=1)}
 

@@ -74,14 +74,15 @@ def test_small_ranges_in_large_row_groups_are_written_once_each(tmp_path, concur
 @pytest.mark.usefixtures("ray_local")
 def test_ranges_read_together_are_committed_one_by_one_and_a_failure_keeps_them(tmp_path):
     # 25 ranges of 20 rows in one 500-row row group: one read task, one block. The replica
-    # hands on its ranges as it scores them, so those before the failing row are committed.
+    # hands on its ranges as it scores them, so those before the failing row are committed (the
+    # files written before the failure, when the run fails: no need to wait for a commit first).
     write_input(tmp_path / "in", [500], row_group_size=500)
     marker = tmp_path / "fail-marker"
     marker.touch()
     cfg = config(
         tmp_path,
         predictor="tests.support.predictors:FailWhileMarked",
-        predictor_kwargs={"marker": str(marker), "fail_from_id": 300, "output": str(tmp_path / "out")},
+        predictor_kwargs={"marker": str(marker), "fail_from_id": 300, "output": str(tmp_path / "out"), "wait_s": 1},
         rows_per_range=20,
         batch_size=20,
     )
