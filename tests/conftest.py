@@ -40,6 +40,11 @@ if "RAYBATCH_LOCAL_RAY_DIR" not in os.environ:
 else:
     _SHARED_RAY_DIR = None  # a parent's (this is a test's subprocess) or the developer's: not ours to remove
 os.environ.setdefault("RAYBATCH_LOCAL_RAY_IDLE_TIMEOUT_S", "60")
+# Ray runs its workers at niceness 15: beside the suite's other worker on two cores, a test's
+# replicas would get the CPU only when that worker's tests leave it, and a progress_timeout or a
+# wait in a test would measure the neighbour (a replica's start took over 45 s that way). Every
+# Ray the suite starts (local, shared, clusters) inherits this.
+os.environ.setdefault("RAY_worker_niceness", "0")
 # Transient store errors are retried for seconds within a try here, not minutes: the fault tests
 # make faults outlast them. Set before the suite's shared Ray is joined, so its workers have it too.
 os.environ.setdefault("RAYBATCH_STORE_RETRY_S", "3")
