@@ -564,6 +564,29 @@ def test_large_scored_rows_go_on_within_a_range_and_each_range_is_committed_once
     assert_output_sound(out, range(380))
 
 
+def test_each_range_is_committed_while_the_next_is_scored(tmp_path, monkeypatch):
+    """A range's commit does not wait for later ranges: one replica scores the ranges one after
+    another, each batch (a whole range) taking a second, and by the end of each the ranges before
+    it are committed. (Ray Data's iterator, prefetching, had handed the driver each range's
+    metadata only once two more ranges were written.)"""
+    monkeypatch.setenv(RECORD_INTERVAL_ENV, "0")
+    write_input(tmp_path / "in", [300], row_group_size=50)  # a block per range
+    out = tmp_path / "out"
+    run_batch_inference(
+        config(
+            tmp_path,
+            predictor="tests.support.predictors:CommittedSeen",
+            predictor_kwargs={"output": str(out), "delay_s": 1.0},
+            concurrency=1,
+            batch_size=50,
+            rows_per_range=50,
+        )
+    )
+    rows = read_output(out).sort_by("id")
+    seen = {i // 50: c for i, c in zip(rows["id"].to_pylist(), rows["committed"].to_pylist(), strict=True)}
+    assert seen == {i: i for i in range(6)}, seen
+
+
 def test_concurrency_none_fills_the_cpus_with_replicas_whose_threads_match_their_cpus(tmp_path, caplog):
     import ray
 

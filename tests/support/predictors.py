@@ -72,6 +72,20 @@ class SlowScore:
         return {"score": batch["features"].sum(axis=1)}
 
 
+class CommittedSeen:
+    """Scores after ``delay_s``, recording how many ranges of ``output`` were committed by then."""
+
+    def __init__(self, output: str, delay_s: float = 1.0):
+        self.output, self.delay_s = output, delay_s
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+
+        time.sleep(self.delay_s)
+        committed = len(OutputLedger.open(self.output).committed())
+        return {"score": batch["features"].sum(axis=1), "committed": np.full(len(batch["id"]), committed)}
+
+
 class WaitWhileMarked:
     """Scores once the marker file is gone: a run that holds its replicas until a test lets it go."""
 
