@@ -584,7 +584,9 @@ def test_each_range_is_committed_while_the_next_is_scored(tmp_path, monkeypatch)
     )
     rows = read_output(out).sort_by("id")
     seen = {i // 50: c for i, c in zip(rows["id"].to_pylist(), rows["committed"].to_pylist(), strict=True)}
-    assert seen == {i: i for i in range(6)}, seen
+    # All the ranges before it (0, 1, 2, ... here); the range just before may still be on its way
+    # to the driver on a loaded machine. The lag of two blocks gave 0, 0, 0, 1, 2, 3.
+    assert all(seen[i] >= i - 1 for i in range(6)), seen
 
 
 def test_concurrency_none_fills_the_cpus_with_replicas_whose_threads_match_their_cpus(tmp_path, caplog):
