@@ -33,7 +33,7 @@ def config(tmp_path: Path, predictor="tests.support.predictors:score", **kwargs)
     )
 
 
-def commit_count(output: Path) -> int:
+def commit_count(output: str | Path) -> int:
     """Ranges committed in ``output``, as its ledger reads them (while a writer may be writing)."""
     return len(OutputLedger.open(str(output)).committed())
 

@@ -79,10 +79,10 @@ class CommittedSeen:
         self.output, self.delay_s = output, delay_s
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+        from tests.support.pipeline_runs import commit_count
 
         time.sleep(self.delay_s)
-        committed = len(OutputLedger.open(self.output).committed())
+        committed = commit_count(self.output)
         return {"score": batch["features"].sum(axis=1), "committed": np.full(len(batch["id"]), committed)}
 
 
