@@ -28,6 +28,8 @@ RAY_DATA_TASK_LOG_LEVEL = logging.INFO
 RAY_DATA_LOGGING_CONFIG_ENV = "RAY_DATA_LOGGING_CONFIG"
 #: Ray Data's "log once" key of its warning that progress bars are off (they are, on purpose).
 PROGRESS_BARS_OFF_KEY = "ray_data_progress_manager_disabled"
+#: Formats a traceback as the standard library's handlers would.
+_TRACEBACK = logging.Formatter()
 
 
 class _ToTaskLog(logging.Handler):
@@ -36,19 +38,33 @@ class _ToTaskLog(logging.Handler):
     Left out, as from Ray Data's console: records it marks hidden (the full stack traces, which
     its log file keeps), and its records about an exception that wraps one of the provider's own
     errors: the driver raises that error itself, so that its message comes first and once.
+
+    Every record it sees leaves with its traceback as text (:func:`_traceback_as_text`).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # Ray Data logs a task's failure with the exception, or while it handles it.
+        errors = (record.exc_info[1] if record.exc_info else None, sys.exc_info()[1])
+        _traceback_as_text(record)
         if getattr(record, "hide", False):
             return False
-        # Ray Data logs a task's failure with the exception, or while it handles it.
-        for error in (record.exc_info[1] if record.exc_info else None, sys.exc_info()[1]):
-            if error is not None and provider_error_in(error) is not None:
-                return False
-        return True
+        return not any(error is not None and provider_error_in(error) is not None for error in errors)
 
     def emit(self, record: logging.LogRecord) -> None:
         logging.getLogger().handle(record)
+
+
+def _traceback_as_text(record: logging.LogRecord) -> None:
+    """Put ``record``'s traceback into its message, as text, and drop the exception.
+
+    Ray Data logs some failures with the exception, whose frames hold its executor, and so the
+    failed run's replicas and the CPUs they reserve. A handler that keeps records (a test's log
+    capture, a buffering handler) would keep those replicas alive as long as it keeps the record:
+    changed in place, the record holds no frame, also for a handler that got it before this one.
+    """
+    if record.exc_info:
+        record.msg = f"{record.getMessage()}\n{_TRACEBACK.formatException(record.exc_info)}"
+        record.args, record.exc_info, record.exc_text = None, None, None
 
 
 def route_ray_data_logs() -> None:
