@@ -30,11 +30,16 @@ ERROR_LEVEL = re.compile(r"\[(error|critical)\s*\]")
 RAY_CORE_WORKER_LINE = re.compile(
     r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object"
 )
+#: The GCS's error lines, which Ray forwards to every driver of the cluster: a line there may come
+#: from another task on the shared Ray (CI once: "Failed to kill actor ..., Socket closed", an
+#: actor whose process had already ended). See pipeline/runtime/driver_logs.py.
+RAY_GCS_LINE = re.compile(r"\(pid=gcs_server\)")
 
 
 def error_lines(caplog: pytest.LogCaptureFixture, out: str, err: str) -> list[str]:
-    """Every line that a worker's task log would show at ERROR level or above (but Ray's known one)."""
-    lines = [f"stderr: {line}" for line in err.splitlines() if line.strip() and not RAY_CORE_WORKER_LINE.search(line)]
+    """Every line that a worker's task log would show at ERROR level or above (but Ray's known ones)."""
+    known = (RAY_CORE_WORKER_LINE, RAY_GCS_LINE)
+    lines = [f"stderr: {line}" for line in err.splitlines() if line.strip() and not any(k.search(line) for k in known)]
     lines += [line for line in out.splitlines() if ERROR_LEVEL.search(line)]
     lines += [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
     return lines

@@ -11,7 +11,9 @@ execution" line names.
 Not handled here: the driver's C++ core worker copies its ERROR lines to stderr besides its log
 file, and on every run one says that a replica's constructor arguments are in the object store
 while it may be restarted (ray-project/ray#53727), which is how Ray Data starts every replica.
-Ray's only knob, ``RAY_BACKEND_LOG_LEVEL``, prints a line of its own to stderr when set.
+Ray's only knob, ``RAY_BACKEND_LOG_LEVEL``, prints a line of its own to stderr when set. Nor the
+GCS's error lines, which Ray forwards to every driver of the cluster, as ``(pid=gcs_server)``
+lines: on a shared Ray, such a line may come from another task.
 """
 
 from __future__ import annotations
