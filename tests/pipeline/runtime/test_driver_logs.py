@@ -35,6 +35,7 @@ class Executor:
 
 
 def log_failure(error: type[Exception], executor: Executor) -> None:
+    """Log a failure as Ray Data does, from a frame that holds ``executor`` as Ray Data's hold its own."""
     try:
         raise error("the task failed")
     except Exception:
