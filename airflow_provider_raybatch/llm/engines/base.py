@@ -124,6 +124,11 @@ class ProcessorEngine(Engine):
         """The ``ray.data.llm`` processor config for the task (Ray imported here)."""
         raise NotImplementedError
 
+    def map_kwargs(self, resources: ReplicaResources) -> dict[str, Any]:
+        """Ray Data ``map`` arguments of the row mappings around the processor (its preprocess and
+        postprocess, and the provider's own): ``{}``, Ray's defaults."""
+        return {}
+
     def request(self, task: ChatTask, config: EngineConfig, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """The processor's input fields for one row, given its chat messages."""
         raise NotImplementedError

