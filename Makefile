@@ -19,7 +19,7 @@ DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 # Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
 TODAY := $(shell date -u +%F)
 
-.PHONY: demo demo-llm test test-fast test-compat oldest-env vllm-env test-vllm gpu-check lint docs bench soak daft-env clean
+.PHONY: demo demo-llm test test-fast test-compat oldest-env vllm-env test-vllm bench-vllm gpu-check lint docs bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -144,6 +144,11 @@ test-fast: $(VENV)/.installed-dev
 # Results: benchmarks/results/ (see benchmarks/README.md).
 bench: $(VENV)/.installed-dev $(DAFT_VENV)/.installed
 	$(PY) -m benchmarks.run_all $(BENCH_ARGS)
+
+# vLLM on CPUs (benchmarks/vllm_cpu.py, in .venv-vllm): the operator's tokens/s vs vLLM's own loop and Ray's guide's
+# ray.data.llm pipeline, at two sizes (about 8 minutes on 2 cores; not in `make bench`, which runs in .venv).
+bench-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m benchmarks.vllm_cpu $(BENCH_ARGS)
 
 # The GPU check (benchmarks/gpu_check.py), on a machine with an NVIDIA GPU: a torch stage with num_gpus=1
 # and the transformers engine on CUDA through the runner, each against a plain loop on the same GPU

@@ -161,6 +161,8 @@ def describe_status(status: Any) -> str:
             f"rejected {status.rows_rejected:,} rows ({status.engine_errors:,} engine errors, "
             f"{status.rows_rejected - status.engine_errors:,} invalid input)"
         )
+    if status.tokens_in is not None:
+        lines.append(f"tokens {status.tokens_in:,} in, {status.tokens_out:,} out (committed rows)")
     if status.rate_rows_per_s is not None:
         left = f", about {_duration(status.eta_s)} left" if status.eta_s is not None else ""
         lines.append(f"rate {status.rate_rows_per_s:,.0f} rows/s{left}")

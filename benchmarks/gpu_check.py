@@ -7,7 +7,12 @@ On a machine with an NVIDIA GPU, two workloads run through the real runner
   writes one (an MLP 32-4096-4096-10 built on CUDA in ``__init__``, ``argmax`` in ``__call__``),
   over the benchmarks' Parquet (``id`` + 32 float32 ``features``);
 - ``transformers``: the LLM operator's ``transformers`` engine on CUDA (``device="cuda"``), with a
-  tiny Qwen2 built offline, answering a prompt per row of a companies table.
+  tiny Qwen2 built offline, answering a prompt per row of a companies table;
+- ``vllm``: the ``vllm`` engine (``ray.data.llm`` with vLLM's GPU build, one GPU per replica) on
+  the same prompts and model, against vLLM's own ``LLM.chat`` loop. It needs vLLM's CUDA build
+  installed (``airflow-provider-raybatch[vllm]``); without it the check says so, records why in its
+  results, and runs the other workloads. (The GPU machines this project is lent reach no package
+  index and carry at most 64 MiB to the machine: vLLM's CUDA wheel, 336 MB, cannot get there.)
 
 Each workload runs three ways: the plain loop, in a new Python process (its start, imports and
 CUDA's set-up are timed, as a replica's are); ``runner``, which starts and stops its own Ray
@@ -247,7 +252,47 @@ def runner_chat(companies: Path, output: Path, task: Any, engine: Any, batch_siz
     return run_batch_inference(config).rows_out
 
 
+def plain_vllm(companies: Path, task: Any, engine: Any, batch_size: int) -> int:
+    """vLLM's own offline loop on the GPU: every row's chat messages in one ``LLM.chat`` call."""
+    import pyarrow.parquet as pq
+    from vllm import LLM, SamplingParams
+
+    from airflow_provider_raybatch.llm.prompts import chat_messages
+
+    table = pq.read_table(companies / "companies.parquet", columns=["Company"])
+    conversations = [chat_messages(task, {"Company": c}) for c in table["Company"].to_pylist()]
+    llm = LLM(model=engine.model, **engine.engine_kwargs)
+    return len(llm.chat(conversations, SamplingParams(**task.sampling_params), use_tqdm=False))
+
+
+def runner_vllm(companies: Path, output: Path, task: Any, engine: Any, batch_size: int) -> int:
+    from airflow_provider_raybatch.llm.build import build_stages
+    from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ReplicaResources
+    from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+
+    # num_gpus=None: vLLM's own count (tensor x pipeline parallel size), one GPU here.
+    stages = build_stages(task, engine, ReplicaResources(batch_size=batch_size, num_gpus=None))
+    config = BatchInferenceConfig(str(companies), str(output), stages, id_column="id", max_error_fraction=1.0)
+    return run_batch_inference(config).rows_out
+
+
+def vllm_missing() -> str | None:
+    """Why the ``vllm`` workload cannot run here (None: vLLM's GPU build is installed)."""
+    from airflow_provider_raybatch.llm.engines.vllm import installed_vllm
+
+    build = installed_vllm()
+    if build == "gpu":
+        return None
+    found = "vLLM's CPU build" if build == "cpu" else "no vllm"
+    return (
+        f"vllm workload not run: it needs vLLM's CUDA build (airflow-provider-raybatch[vllm]), and this "
+        f"environment has {found}. The GPU machines lent to this project reach no package index and carry at most "
+        "64 MiB, so vLLM's CUDA wheel (336 MB) cannot be installed there; vLLM runs on CPUs in `make test-vllm`."
+    )
+
+
 def main() -> None:
+    from airflow_provider_raybatch.llm.config import EngineConfig
     from benchmarks.support.data import make_input
     from benchmarks.support.paths import DEFAULT_RESULTS_DIR
     from benchmarks.support.results import Results
@@ -259,7 +304,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8192)
     parser.add_argument("--chat-batch-size", type=int, default=256)
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS_DIR)
-    parser.add_argument("--workloads", nargs="+", choices=["torch", "transformers"], default=["torch", "transformers"])
+    workloads = ["torch", "transformers", "vllm"]
+    parser.add_argument("--workloads", nargs="+", choices=workloads, default=workloads)
     args = parser.parse_args()
     gpu = gpu_or_exit()
     # The runner's progress lines (ranges committed, rows/s) beside the results.
@@ -299,6 +345,16 @@ def main() -> None:
             runs["transformers"] = (
                 partial(plain_chat, companies, task, engine, args.chat_batch_size),
                 partial(runner_chat, companies, task=task, engine=engine, batch_size=args.chat_batch_size),
+            )
+        if "vllm" in args.workloads and (why := vllm_missing()) is not None:
+            print(f"gpu_check: {why}", file=sys.stderr, flush=True)
+            results.note(why)
+        elif "vllm" in args.workloads:
+            companies, task, _ = chat_setup(work, args.chat_rows)
+            engine = EngineConfig("vllm", str(work / "tiny-qwen2"), engine_kwargs={"max_model_len": 512})
+            runs["vllm"] = (
+                partial(plain_vllm, companies, task, engine, args.chat_batch_size),
+                partial(runner_vllm, companies, task=task, engine=engine, batch_size=args.chat_batch_size),
             )
         for workload, (plain, runner) in runs.items():
             timed(workload, "plain", partial(in_new_process, plain))

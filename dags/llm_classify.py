@@ -4,7 +4,8 @@ Every answer is one of ``choices``: vLLM structured outputs with ``engine="vllm"
 schema enum with ``engine="openai"``, log-likelihood scoring of each choice with
 ``engine="transformers"``. The defaults run on the embedded local Ray with the tiny random Qwen2
 that `make demo-llm` builds under ``.demo/models/`` (its answers are valid, not smart); on a GPU
-cluster set ``engine`` to ``vllm`` and ``model`` to e.g. ``Qwen/Qwen2.5-0.5B-Instruct``.
+cluster set ``engine`` to ``vllm`` and ``model`` to e.g. ``Qwen/Qwen2.5-0.5B-Instruct``, and add
+``num_gpus: 0`` for vLLM's CPU backend.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ with DAG(
             items={"type": "string", "minLength": 1},
             description="The industries: every answer is exactly one of them",
         ),
+        "num_gpus": Param(
+            None,
+            type=["null", "number"],
+            minimum=0,
+            description="GPUs per engine replica; empty: the engine's own (vllm: tensor x pipeline parallel size); "
+            "0 with engine vllm: vLLM's CPU backend (vLLM's CPU build installed where the task runs)",
+        ),
         "batch_size": Param(64, type="integer", minimum=1, maximum=4096, description="Companies per engine call"),
         "engine_kwargs": Param({}, type="object", description='Engine settings, e.g. {"max_model_len": 4096} for vLLM'),
     },
@@ -81,6 +89,7 @@ with DAG(
         sampling_params={"temperature": 0, "max_tokens": 8},
         engine_kwargs="{{ params.engine_kwargs }}",
         batch_size="{{ params.batch_size }}",
+        num_gpus="{{ params.num_gpus }}",
         output_column="industry",
         keep_columns=["Company", "true_industry"],
         id_column="id",

@@ -176,6 +176,17 @@ def test_the_gpu_check_refuses_clearly_without_a_gpu():
     assert "sees no CUDA GPU; run it on a machine with an NVIDIA GPU" in result.stderr
 
 
+def test_the_gpu_check_says_why_its_vllm_workload_cannot_run_without_vllms_gpu_build():
+    from airflow_provider_raybatch.llm.engines.vllm import installed_vllm
+    from benchmarks.gpu_check import vllm_missing
+
+    if installed_vllm() == "gpu":
+        pytest.skip("vLLM's GPU build is installed here: the check runs its vllm workload")
+    why = vllm_missing()
+    assert why.startswith("vllm workload not run: it needs vLLM's CUDA build")
+    assert "vLLM's CUDA wheel (336 MB) cannot be installed there" in why
+
+
 def test_status_script_times_the_status_of_a_running_and_a_finished_output(tmp_path):
     out = tmp_path / "results"
     run = subprocess.run(

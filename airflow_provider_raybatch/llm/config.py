@@ -14,6 +14,9 @@ from typing import Any
 
 #: The column the image stage writes (a PNG, resized) and the engines read.
 PREPARED_IMAGE_COLUMN = "raybatch_image_png"
+#: The output columns of a task's ``token_columns``: each row's prompt and generated tokens
+#: (the names of ``ray.data.llm``'s own output columns).
+TOKEN_OUTPUT_COLUMNS = ("num_input_tokens", "num_generated_tokens")
 DEFAULT_API_KEY_ENV = "RAYBATCH_OPENAI_API_KEY"
 
 
@@ -29,6 +32,8 @@ class ChatTask:
     :param image_column: for a VLM: the column holding the image (bytes, a ``{"bytes", "path"}``
         struct, or a path / URL string).
     :param image_size: ``(width, height)`` the image is resized to before the model; None keeps it.
+    :param token_columns: also write each row's prompt and generated tokens
+        (:data:`TOKEN_OUTPUT_COLUMNS`); the output's totals are counted either way.
     """
 
     prompt: str
@@ -38,6 +43,7 @@ class ChatTask:
     choices: list[str] | None = None
     image_column: str | None = None
     image_size: tuple[int, int] | None = None
+    token_columns: bool = False
 
     def prompt_fields(self) -> list[str]:
         """Row columns the prompts refer to, in order of first use."""
@@ -51,6 +57,9 @@ class ChatTask:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["image_size"] = list(self.image_size) if self.image_size else None
+        if not self.token_columns:
+            # What outputs planned before the option recorded in their job signature: they resume.
+            del data["token_columns"]
         return data
 
     @classmethod

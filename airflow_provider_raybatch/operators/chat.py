@@ -44,7 +44,13 @@ class ChatOperator(RayPipelineOperator):
         ``max_model_len``, ``device``, ``dtype``, ``num_threads``; openai ``max_retries``, ``qps``
         (templated).
     :param output_column: the column holding the answers (templated).
+    :param token_columns: also write each row's prompt and generated tokens as the columns
+        ``num_input_tokens`` and ``num_generated_tokens``. The output's totals (summary, status,
+        the UI) are counted either way.
     :param batch_size: rows per engine call (templated).
+    :param max_concurrent_batches: batches each engine replica works on at once (``vllm``: Ray's
+        ``max_concurrent_batches``, default 8; keep ``batch_size x max_concurrent_batches`` at least
+        vLLM's ``max_num_seqs``, or the engine waits for rows) (templated).
     :param concurrency: engine replicas, or ``(min, max)`` (templated).
     :param num_cpus: CPUs per engine replica (templated).
     :param num_gpus: GPUs per engine replica; None: the engine's default (vLLM: tensor x pipeline
@@ -70,6 +76,7 @@ class ChatOperator(RayPipelineOperator):
         "engine_kwargs",
         "output_column",
         "batch_size",
+        "max_concurrent_batches",
         "concurrency",
         "num_cpus",
         "num_gpus",
@@ -86,7 +93,9 @@ class ChatOperator(RayPipelineOperator):
         sampling_params: dict[str, Any] | None = None,
         engine_kwargs: dict[str, Any] | None = None,
         output_column: str = "generated_text",
+        token_columns: bool = False,
         batch_size: int = 16,
+        max_concurrent_batches: int | None = None,
         concurrency: int | tuple[int, int] = 1,
         num_cpus: float = 0.5,
         num_gpus: float | None = None,
@@ -105,7 +114,9 @@ class ChatOperator(RayPipelineOperator):
         self.sampling_params = sampling_params or {}
         self.engine_kwargs = engine_kwargs or {}
         self.output_column = output_column
+        self.token_columns = token_columns
         self.batch_size = batch_size
+        self.max_concurrent_batches = max_concurrent_batches
         self.concurrency = concurrency
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
@@ -122,6 +133,7 @@ class ChatOperator(RayPipelineOperator):
             system_prompt=self.system_prompt or None,
             output_column=self.output_column,
             sampling_params=as_kind(self.sampling_params, dict, "sampling_params"),
+            token_columns=bool(self.token_columns),
         )
 
     def engine_config(self) -> EngineConfig:
@@ -138,6 +150,7 @@ class ChatOperator(RayPipelineOperator):
         """The engine replicas' resources, from the rendered arguments."""
         return rendered_replica_resources(
             batch_size=self.batch_size,
+            max_concurrent_batches=self.max_concurrent_batches,
             concurrency=self.concurrency,
             num_cpus=self.num_cpus,
             num_gpus=self.num_gpus,

@@ -113,6 +113,7 @@ def rendered_replica_resources(
     memory: Any = None,
     accelerator_type: str | None = None,
     resources: dict[str, float] | None = None,
+    max_concurrent_batches: Any = None,
 ) -> ReplicaResources:
     """The replicas' resources from the operator's (templated) arguments: ``"16"`` is 16, ``"None"``
     is None where None is a value, a concurrency of ``"[1, 4]"`` is ``(1, 4)``; the resources'
@@ -128,4 +129,7 @@ def rendered_replica_resources(
         memory=rendered_number("memory", memory, int, "a number of bytes or None", optional=True),
         accelerator_type=accelerator_type,
         resources=resources,
+        max_concurrent_batches=rendered_number(
+            "max_concurrent_batches", max_concurrent_batches, int, "an integer >= 1 or None", optional=True
+        ),
     )

@@ -75,6 +75,11 @@ class Stage(ReplicaResources):
         super().validate(where)
         if self.batch_format not in BATCH_FORMATS:
             raise ConfigError(f"{where}: batch_format must be one of {BATCH_FORMATS}, got {self.batch_format!r}")
+        if self.max_concurrent_batches is not None and self.kind == Stage.kind:
+            raise ConfigError(
+                f"{where}: max_concurrent_batches is for engines that overlap batches (engine='vllm'); "
+                "a predictor's replica scores one batch at a time"
+            )
         if not isinstance(self.predictor_kwargs, dict):
             raise ConfigError(f"{where}: predictor_kwargs must be a dict, got {type(self.predictor_kwargs).__name__}")
 

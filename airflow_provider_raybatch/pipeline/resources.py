@@ -48,6 +48,9 @@ class ReplicaResources:
     :param accelerator_type: Ray accelerator type to schedule on, e.g. ``"A10G"``.
     :param resources: custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``: the
         replicas run only on nodes that offer them.
+    :param max_concurrent_batches: batches each replica works on at once, for an engine that
+        overlaps them (``ray.data.llm``'s offline processors: the ``vllm`` engine); None: the
+        engine's default (8 for vLLM).
     """
 
     batch_size: int | None = 256
@@ -57,6 +60,7 @@ class ReplicaResources:
     memory: int | None = None
     accelerator_type: str | None = None
     resources: dict[str, float] | None = None
+    max_concurrent_batches: int | None = None
 
     @property
     def min_replicas(self) -> int:
@@ -92,6 +96,12 @@ class ReplicaResources:
             raise ConfigError(f"{where}: concurrency must be an int >= 1 or (min, max), got {self.concurrency!r}")
         if self.batch_size is not None and (not is_int(self.batch_size) or self.batch_size < 1):
             raise ConfigError(f"{where}: batch_size must be an integer >= 1 or None, got {self.batch_size!r}")
+        if self.max_concurrent_batches is not None and (
+            not is_int(self.max_concurrent_batches) or self.max_concurrent_batches < 1
+        ):
+            raise ConfigError(
+                f"{where}: max_concurrent_batches must be an integer >= 1 or None, got {self.max_concurrent_batches!r}"
+            )
         if not (is_number(self.num_cpus) and is_number(self.num_gpus)):
             raise ConfigError(
                 f"{where}: num_cpus and num_gpus must be numbers, got {self.num_cpus!r}, {self.num_gpus!r}"

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
 from airflow_provider_raybatch.pipeline.errors import TooManyErrorsError
 from airflow_provider_raybatch.pipeline.planning.planner import Plan
 from airflow_provider_raybatch.pipeline.store.retries import seconds_from_env
@@ -44,6 +45,11 @@ class RunSummary:
     :param ray_submission_id: the Ray Job that ran it, on a cluster.
     :param table_version: a table output's version after the run: Delta's table version, or
         Iceberg's current snapshot id.
+    :param tokens_in: prompt tokens of the output's committed rows (of every try that committed
+        some), where a model counted them (LLM engines); None: none counted.
+    :param tokens_out: generated tokens of the output's committed rows, likewise.
+    :param tokens_out_processed: generated tokens of the ranges this run committed (the
+        ``tokens_per_second`` of the run).
     """
 
     output_path: str
@@ -59,16 +65,28 @@ class RunSummary:
     partitions: int | None = None
     ray_submission_id: str | None = None
     table_version: int | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+    tokens_out_processed: int | None = None
 
     @property
     def rows_per_second(self) -> float:
         return round(self.rows_processed / self.seconds, 1) if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        """Tokens generated per second by this run (None where no model counted tokens)."""
+        if self.tokens_out_processed is None:
+            return None
+        return round(self.tokens_out_processed / self.seconds, 1) if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """The XCom / asset-event form; optional fields appear only when set."""
         data = {k: v for k, v in asdict(self).items() if v is not None}
         data["seconds"] = round(self.seconds, 3)
         data["rows_per_second"] = self.rows_per_second
+        if self.tokens_per_second is not None:
+            data["tokens_per_second"] = self.tokens_per_second
         return data
 
     @classmethod
@@ -84,13 +102,20 @@ class RunSummary:
         """
         parts = [s if isinstance(s, RunSummary) else cls.from_dict(s) for s in summaries]
         # Every count field, so that a count added later is combined too.
-        counts = [f.name for f in fields(cls) if f.type == "int"]
+        counts = {f.name: sum(getattr(p, f.name) for p in parts) for f in fields(cls) if f.type == "int"}
+        for name in TOKEN_FIELDS:  # counted in some partitions, or in none
+            counted = [getattr(p, name) for p in parts if getattr(p, name) is not None]
+            counts[name] = sum(counted) if counted else None
         return cls(
             output_path=parts[0].output_path if parts else "",
-            **{name: sum(getattr(p, name) for p in parts) for name in counts},
+            **counts,
             seconds=max((p.seconds for p in parts), default=0.0),
             partitions=len(parts),
         )
+
+
+#: The summary's token counts: None where no model counted tokens.
+TOKEN_FIELDS = ("tokens_in", "tokens_out", "tokens_out_processed")
 
 
 class Progress:
@@ -109,6 +134,10 @@ class Progress:
         self.rows_out = sum(r["rows"] for r in committed.values())
         self.rows_rejected = sum(r.get("rejected", 0) for r in committed.values())
         self.engine_errors = sum(r.get("engine_errors", 0) for r in committed.values())
+        #: Prompt and generated tokens of the committed ranges (None: none counted), and the
+        #: generated tokens of this run's commits.
+        self.tokens_in, self.tokens_out = token_totals(committed.values())
+        self.tokens_out_processed: int | None = None
         self.done = 0
         self.rows_processed = 0
         #: Rows of this run in files the write steps reported (committed or not yet).
@@ -130,14 +159,21 @@ class Progress:
         """Rows of this run through the last stage: as its replicas report them, or written, or committed."""
         return max(self._scored(), self.rows_written, self.rows_processed)
 
-    def committed(self, index: int, rows: int | None = None, rejected: int = 0, engine_errors: int = 0) -> None:
-        rows = self.plan.ranges[index].rows if rows is None else rows
+    def committed(self, index: int, record: Mapping[str, Any] | None = None) -> None:
+        """Count the range ``index`` of the plan as committed, by its commit record (None: all its rows out)."""
+        record = record or {"rows": self.plan.ranges[index].rows}
+        rows, rejected = record["rows"], record.get("rejected", 0)
         self.last_commit = (self.plan.ranges[index].id, time.monotonic())
         self.done += 1
         self.rows_processed += rows + rejected
         self.rows_out += rows
         self.rows_rejected += rejected
-        self.engine_errors += engine_errors
+        self.engine_errors += record.get("engine_errors", 0)
+        tokens_in, tokens_out = token_totals([record])
+        if tokens_in is not None or tokens_out is not None:
+            self.tokens_in = (self.tokens_in or 0) + (tokens_in or 0)
+            self.tokens_out = (self.tokens_out or 0) + (tokens_out or 0)
+            self.tokens_out_processed = (self.tokens_out_processed or 0) + (tokens_out or 0)
         if self.skipped + self.done == len(self.plan.ranges):
             self.log_line()
 
@@ -184,8 +220,13 @@ class Progress:
             ahead = f", {scored} scored" if scored > self.rows_processed else ""
             # Before the first rows are scored (a model still loading) there is no rate to go by.
             eta = f"about {left / rate if rate else 0:.0f}s left" if rate or not left else "time left not known yet"
+            tokens = ""
+            if self.tokens_in is not None:
+                # Of committed ranges only, as the output holds them; the rate is this run's.
+                generated = (self.tokens_out_processed or 0) / max(now - since, 1e-9)
+                tokens = f", tokens {self.tokens_in} in, {self.tokens_out} out ({generated:.0f} generated/s)"
             log.info(
-                "Committed %d/%d ranges, %d/%d rows%s%s, %.0f rows/s, %s",
+                "Committed %d/%d ranges, %d/%d rows%s%s, %.0f rows/s%s, %s",
                 self.skipped + self.done,
                 len(self.plan.ranges),
                 done_rows,
@@ -193,6 +234,7 @@ class Progress:
                 rejected,
                 ahead,
                 rate,
+                tokens,
                 eta,
             )
 
@@ -225,4 +267,18 @@ class Progress:
             ranges_skipped=self.skipped,
             seconds=seconds,
             table_version=table_version,
+            tokens_in=self.tokens_in,
+            tokens_out=self.tokens_out,
+            # A rerun that had nothing left to do generated none.
+            tokens_out_processed=(self.tokens_out_processed or 0) if self.tokens_in is not None else None,
         )
+
+
+def token_totals(records: Iterable[Mapping[str, Any]]) -> tuple[int | None, int | None]:
+    """Prompt and generated tokens of commit records (None where no record counted them)."""
+    totals: list[int | None] = [None, None]
+    for record in records:
+        for i, key in enumerate(TOKEN_KEYS):
+            if key in record:
+                totals[i] = (totals[i] or 0) + record[key]
+    return totals[0], totals[1]

@@ -135,6 +135,7 @@ def summary_line(output: ResolvedOutput) -> dict[str, Any]:
         rows_done=rows_done,
         fraction_done=round(rows_done / rows_planned, 6) if rows_planned else float(states == {"done"}),
         rows_rejected=sum(s.rows_rejected for s in statuses),
+        **token_sums(statuses),
         ranges_planned=sum(s.ranges_planned for s in statuses),
         ranges_committed=sum(s.ranges_committed for s in statuses),
         rate_rows_per_s=sum(s.rate_rows_per_s or 0 for s in statuses) or None,
@@ -143,6 +144,14 @@ def summary_line(output: ResolvedOutput) -> dict[str, Any]:
     if output.ref.map_index >= 0 and statuses:
         line["partition"] = _own_partition(statuses[0].to_dict(), output)
     return line
+
+
+def token_sums(statuses: list[Any]) -> dict[str, int]:
+    """The statuses' token counts, added up (none where no model counted tokens)."""
+    counted = [s for s in statuses if s.tokens_in is not None]
+    if not counted:
+        return {}
+    return {"tokens_in": sum(s.tokens_in for s in counted), "tokens_out": sum(s.tokens_out for s in counted)}
 
 
 def summary_lines(outputs: list[ResolvedOutput]) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import warnings
 from datetime import UTC, datetime
 
@@ -15,6 +14,7 @@ from tests.support.airflow_versions import ParamValidationError
 from tests.support.assets import asset_events
 from tests.support.dag_files import parse_dag_files
 from tests.support.data import assert_exactly_once, read_output
+from tests.support.example_dags import load_dag
 
 #: The daily example's asset (dags/daily_batch_inference.py).
 PREDICTIONS_URI = "x-raybatch://daily_batch_inference/predictions"
@@ -30,17 +30,6 @@ EXPECTED_DAGS = {
 }
 #: What would make parsing slow (and what a DAG processor should never import).
 HEAVY_MODULES = ("ray", "torch", "transformers", "vllm", "sklearn", "pyarrow", "pandas")
-
-
-def load_dag(name: str):
-    """The DAG defined in dags/<name>.py, freshly imported."""
-    from airflow.sdk import DAG
-
-    spec = importlib.util.spec_from_file_location(name, REPO / "dags" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    (dag,) = {id(v): v for v in vars(module).values() if isinstance(v, DAG)}.values()
-    return dag
 
 
 def test_all_dags_load_without_errors_or_warnings():
@@ -106,7 +95,14 @@ def test_every_example_dag_is_documented_typed_announced_and_retried(dagbag):
         ("vlm_caption", {"data_root": "relative/folder", "engine": "sglang", "batch_size": 0, "concurrency": 17}),
         (
             "llm_classify",
-            {"data_root": "s3://", "engine": "", "choices": [], "batch_size": "many", "engine_kwargs": []},
+            {
+                "data_root": "s3://",
+                "engine": "",
+                "choices": [],
+                "batch_size": "many",
+                "engine_kwargs": [],
+                "num_gpus": -1,
+            },
         ),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 
 import pyarrow as pa
 import pytest
@@ -16,7 +17,13 @@ from airflow_provider_raybatch.llm.engines.openai import parse_response, payload
 from airflow_provider_raybatch.llm.images import PrepareImages
 from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, finish_row
 from airflow_provider_raybatch.llm.prompts import chat_messages
-from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TransformStage
+from airflow_provider_raybatch.pipeline import (
+    BatchInferenceConfig,
+    ConfigError,
+    ReplicaResources,
+    Stage,
+    TransformStage,
+)
 from tests.support.llm_images import image_bytes
 
 
@@ -74,6 +81,13 @@ def test_stages_are_json_specs_without_secrets():
         ),
         ({}, {"engine": "vllm"}, {"num_gpus": 0, "accelerator_type": "L4"}, "accelerator_type='L4' asks for a GPU"),
         ({}, {"engine": "vllm"}, {"num_gpus": 0, "num_cpus": 0}, "runs on CPUs: num_cpus must be > 0"),
+        (
+            {},
+            {},
+            {"max_concurrent_batches": 4},
+            "max_concurrent_batches is not taken by engine='transformers': its replicas work on one batch at a time",
+        ),
+        ({}, {"engine": "vllm"}, {"max_concurrent_batches": 0}, "max_concurrent_batches must be an integer >= 1"),
         ({}, {}, {"batch_size": 0}, "engine 'transformers': batch_size must be an integer >= 1"),
         ({"output_column": "__x"}, {}, {}, "output_column must be a plain column name"),
     ],
@@ -127,7 +141,7 @@ def test_requests_answers_and_rejected_rows_through_the_processor_hooks():
     assert body["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"] == ["Tech", "Retail"]
     request = ChatRequest(task, EngineConfig("openai", "served-model"), openai_engine)({"Company": "Acme"})
     assert request == {"payload": {**body, "model": "served-model", "temperature": 0}}
-    answer = ChatAnswer(task, openai_engine)
+    answer = ChatAnswer(task, EngineConfig("openai", "served-model"), openai_engine)
     ok = {"choices": [{"message": {"content": '{"answer": "Retail"}'}}]}
     row = {"__raybatch_range": 3, "__raybatch_keep:id": 7, "Company": "Acme", "http_response": ok}
     assert answer(row) == {
@@ -137,6 +151,10 @@ def test_requests_answers_and_rejected_rows_through_the_processor_hooks():
         "__raybatch_reject": None,
         "__raybatch_reject_kind": None,
     }
+    # An endpoint's usage is the row's token count, added to what an earlier stage counted.
+    usage = {**ok, "usage": {"prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26}}
+    counted = answer({**row, "http_response": usage, "__raybatch_tokens_in": 4})
+    assert (counted["__raybatch_tokens_in"], counted["__raybatch_tokens_out"]) == (25, 5)
     outside = {"choices": [{"message": {"content": '{"answer": "Mining"}'}}]}
     assert (
         answer({**row, "http_response": outside})["__raybatch_reject"]
@@ -153,8 +171,30 @@ def test_requests_answers_and_rejected_rows_through_the_processor_hooks():
         "__raybatch_keep:id": 8,
         "__raybatch_reject": "OOM",
         "__raybatch_reject_kind": "engine_error",
+        "__raybatch_tokens_in": None,
+        "__raybatch_tokens_out": None,
         "generated_text": None,
     }
+    # token_columns: the row's counts as output columns too.
+    done = finish_row({**counted, "__inference_error__": ""}, "generated_text", token_columns=True)
+    assert (done["num_input_tokens"], done["num_generated_tokens"], done["generated_text"]) == (25, 5, "Retail")
+
+
+def test_vllm_counts_its_tokens_and_rejects_an_answer_that_max_model_len_would_cut_short():
+    vllm = get_engine("vllm")
+    task = ChatTask(prompt="Describe {Company}", sampling_params={"max_tokens": 64})
+    config = EngineConfig("vllm", "m", engine_kwargs={"max_model_len": 100})
+    row = {"generated_text": "A firm.", "num_input_tokens": 30, "num_generated_tokens": 4}
+    assert vllm.tokens(row) == (30, 4)
+    assert vllm.answer(task, config, row) == ("A firm.", None)
+    long_prompt = {**row, "num_input_tokens": 40}
+    assert vllm.answer(task, config, long_prompt) == (
+        None,
+        "the prompt is 40 tokens; with max_tokens=64 it exceeds max_model_len=100 (vLLM would cut the answer short)",
+    )
+    # Without max_model_len or max_tokens there is nothing to compare: vLLM's own limits apply.
+    assert vllm.answer(ChatTask(prompt="Describe {Company}"), config, long_prompt) == ("A firm.", None)
+    assert vllm.answer(task, EngineConfig("vllm", "m"), long_prompt) == ("A firm.", None)
 
 
 def test_image_stage_reads_bytes_structs_and_paths_and_rejects_the_rest(tmp_path):
@@ -200,3 +240,24 @@ def test_a_prompt_field_missing_from_the_input_fails_before_ray(tmp_path):
     stages = build_stages(ChatTask(prompt="Industry of {Compnay}"), EngineConfig("transformers", "no-such-model"))
     with pytest.raises(InputError, match=r"stage 'transformers' reads column\(s\) \['Compnay'\].*'Company'"):
         run_batch_inference(BatchInferenceConfig(str(tmp_path / "in"), str(tmp_path / "out"), stages))
+
+
+def test_vllm_warns_when_its_batches_in_flight_cannot_fill_max_num_seqs(caplog):
+    task = ChatTask(prompt="Industry of {Company}")
+    config = EngineConfig("vllm", "m", engine_kwargs={"max_num_seqs": 64})
+    with caplog.at_level(logging.WARNING, logger="airflow_provider_raybatch.llm.engines.vllm"):
+        build_stages(task, config, ReplicaResources(batch_size=4, num_gpus=None))
+        (warning,) = [r.getMessage() for r in caplog.records]
+        assert warning.startswith(
+            "engine='vllm': batch_size x max_concurrent_batches = 4 x 8 = 32 rows in flight per replica, "
+            "fewer than max_num_seqs=64"
+        )
+        caplog.clear()
+        build_stages(task, config, ReplicaResources(batch_size=4, num_gpus=None, max_concurrent_batches=16))
+        build_stages(task, EngineConfig("vllm", "m"), ReplicaResources(batch_size=4, num_gpus=None))
+        assert not caplog.records  # 4 x 16 fills 64; without max_num_seqs, vLLM's own default is not guessed
+
+
+def test_a_predictors_stage_refuses_max_concurrent_batches():
+    with pytest.raises(ConfigError, match=r"stage 'score': max_concurrent_batches is for engines that overlap"):
+        Stage("tests.support.predictors:score", max_concurrent_batches=2).validate()

@@ -104,6 +104,50 @@ def test_choices_every_answer_is_a_member_and_too_long_prompts_are_engine_errors
         run_batch_inference(cfg)
 
 
+@pytest.mark.parametrize("choices", [None, INDUSTRIES], ids=["generate", "choices"])
+def test_transformers_counts_each_rows_tokens_as_its_tokenizer_does(tmp_path, tiny_models, choices):
+    from transformers import AutoTokenizer
+
+    write_companies(tmp_path / "in", 24)
+    task = ChatTask(
+        prompt="What industry is this company in: {Company}",
+        choices=choices,
+        sampling_params={"max_tokens": 5},
+        token_columns=True,
+    )
+    engine = EngineConfig("transformers", str(tiny_models["qwen2"]))
+    cfg = BatchInferenceConfig(
+        str(tmp_path / "in"),
+        str(tmp_path / "out"),
+        build_stages(task, engine, ReplicaResources(batch_size=8, num_cpus=0.5)),
+        id_column="id",
+        keep_columns=["Company"],
+        rows_per_range=12,
+    )
+    summary = run_batch_inference(cfg)
+    out = pq.read_table(tmp_path / "out").sort_by("id")
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_models["qwen2"]))
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"What industry is this company in: {name}"}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for name in out["Company"].to_pylist()
+    ]
+    assert out["num_input_tokens"].to_pylist() == [
+        len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts
+    ]
+    generated = out["num_generated_tokens"].to_pylist()
+    if choices:  # the chosen answer's tokens and the end-of-turn token
+        assert generated == [
+            len(tokenizer(a, add_special_tokens=False).input_ids) + 1 for a in out["generated_text"].to_pylist()
+        ]
+    else:
+        assert all(1 <= n <= 5 for n in generated)
+    assert (summary.tokens_in, summary.tokens_out) == (sum(out["num_input_tokens"].to_pylist()), sum(generated))
+
+
 SPEC_SCRIPT = """
 import json, sys
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig
@@ -184,7 +228,7 @@ def test_vllm_processor_as_built_without_vllm(tiny_models):
     assert ChatRequest(text, qwen, vllm)({"Company": "Acme"})["sampling_params"] == {
         "structured_outputs": {"choice": ["Tech", "Retail"]}
     }
-    assert ChatAnswer(text, vllm)({"generated_text": "Tech"})["generated_text"] == "Tech"
+    assert ChatAnswer(text, qwen, vllm)({"generated_text": "Tech"})["generated_text"] == "Tech"
 
 
 def test_memory_and_custom_resources_reach_the_processors_engine_stage(tiny_models):
@@ -222,6 +266,10 @@ def test_vllm_on_cpus_reserves_cpus_where_the_gpu_path_reserves_gpus(tiny_models
     for name in ("ChatTemplateStage", "TokenizeStage", "DetokenizeStage"):
         assert processor.get_stage_by_name(name).map_batches_kwargs["num_cpus"] == 0.1
     assert engine.map_kwargs(stage) == {"num_cpus": 0.1}
+    assert llm.map_batches_kwargs["max_concurrency"] == 8  # Ray's default max_concurrent_batches
+    (overlapped,) = build_stages(task, config, ReplicaResources(num_cpus=1, num_gpus=0, max_concurrent_batches=3))
+    overlapped_processor = build_processor(engine.processor_config(task, config, overlapped))
+    assert overlapped_processor.get_stage_by_name("vLLMEngineStage").map_batches_kwargs["max_concurrency"] == 3
     # A replica's memory sizes the cache; a size in engine_kwargs is the user's.
     (sized,) = build_stages(task, config, ReplicaResources(num_cpus=1, num_gpus=0, memory=3 * 2**30))
     assert engine.processor_config(task, config, sized).engine_kwargs["kv_cache_memory_bytes"] == 3 * 2**30

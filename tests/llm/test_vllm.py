@@ -4,12 +4,7 @@ engine (about 20 s) and serves several tests."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
-import tempfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,8 +17,8 @@ from airflow_provider_raybatch.llm.engines import get_engine
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources
 from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-from tests.conftest import REPO
-from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, kill_leftovers
+from airflow_provider_raybatch.pipeline.status import read_status
+from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, run_spec_in_subprocess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("ray_local")]
 
@@ -32,14 +27,8 @@ ENGINE_KWARGS = {"max_model_len": 256, "enforce_eager": True, "dtype": "float32"
 #: Rows whose prompt alone is longer than max_model_len: vLLM refuses them.
 TOO_LONG = (7, 41)
 ROWS = 60
-
-SPEC_SCRIPT = """
-import json, sys
-from airflow_provider_raybatch.pipeline import BatchInferenceConfig
-from airflow_provider_raybatch.pipeline.runner import run_batch_inference
-if __name__ == "__main__":  # vLLM spawns its engine processes
-    print("SUMMARY " + json.dumps(run_batch_inference(BatchInferenceConfig.from_spec(json.loads(sys.argv[1]))).to_dict()))
-"""
+#: The free-text row whose prompt fits max_model_len, but not with max_tokens after it.
+MID = 5
 
 
 def companies(folder, rows: int = ROWS) -> None:
@@ -52,8 +41,8 @@ def companies(folder, rows: int = ROWS) -> None:
     pq.write_table(table.set_column(1, "Company", pa.array(names)), path)
 
 
-def vllm_config(root, model, task: ChatTask, **resources) -> BatchInferenceConfig:
-    engine = EngineConfig("vllm", str(model), engine_kwargs=dict(ENGINE_KWARGS))
+def vllm_config(root, model, task: ChatTask, engine_kwargs=None, **resources) -> BatchInferenceConfig:
+    engine = EngineConfig("vllm", str(model), engine_kwargs={**ENGINE_KWARGS, **(engine_kwargs or {})})
     replicas = ReplicaResources(**{"batch_size": 8, "num_cpus": 0.5, "num_gpus": 0, **resources})
     return BatchInferenceConfig(
         str(root / "in"),
@@ -71,27 +60,14 @@ def classified(tmp_path_factory, tiny_models):
     """Choices over 60 companies: a first try SIGKILLed right after its first commit, then a resume."""
     root = tmp_path_factory.mktemp("vllm-choices")
     companies(root / "in")
-    task = ChatTask(prompt="What industry is this company in: {Company}", choices=INDUSTRIES, output_column="industry")
+    task = ChatTask(
+        prompt="What industry is this company in: {Company}",
+        choices=INDUSTRIES,
+        output_column="industry",
+        token_columns=True,
+    )
     cfg = vllm_config(root, tiny_models["qwen2"], task)
-    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # a private Ray for the process that gets killed
-    env = {
-        **os.environ,
-        "RAY_TMPDIR": ray_tmp,
-        "RAYBATCH_LOCAL_RAY": "per-task",
-        "PYTHONPATH": str(REPO),
-        "RAYBATCH_TEST_CRASH": "committed:1",
-        **RECORD_EACH_RANGE,
-    }
-    try:
-        crashed = subprocess.run(
-            [sys.executable, "-c", SPEC_SCRIPT, json.dumps(cfg.to_spec())],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=400,
-        )
-    finally:
-        kill_leftovers(ray_tmp)
+    crashed = run_spec_in_subprocess(cfg, {"RAYBATCH_TEST_CRASH": "committed:1", **RECORD_EACH_RANGE}, timeout=400)
     committed_before = commit_count(root / "out")
     summary = run_batch_inference(cfg)
     return root / "out", crashed, committed_before, summary
@@ -107,7 +83,7 @@ def test_choices_on_vllm_answer_every_row_with_a_choice_after_a_kill_and_resume(
     answers, rejects = pq.read_table(str(out)), pq.read_table(str(out / "_rejects"))
     ids = answers["id"].to_pylist() + rejects["id"].to_pylist()
     assert sorted(ids) == list(range(ROWS))  # every row exactly once, across the kill
-    assert answers.column_names == ["id", "Company", "industry"]
+    assert answers.column_names == ["id", "Company", "industry", "num_input_tokens", "num_generated_tokens"]
     assert set(answers["industry"].to_pylist()) <= set(INDUSTRIES) and answers["industry"].null_count == 0
     assert verify_output(str(out)) == []  # the output agrees with its commit records
 
@@ -123,38 +99,74 @@ def test_a_prompt_longer_than_max_model_len_is_a_reject_with_vllms_reason(classi
     assert (summary.rows_out, summary.rows_rejected, summary.engine_errors) == (ROWS - 2, 2, 2)
 
 
+def test_vllm_counts_the_tokens_the_output_holds_once_across_the_kill(classified, tiny_models):
+    from transformers import AutoTokenizer
+
+    out, _, _, summary = classified
+    answers = pq.read_table(str(out)).sort_by("id")
+    # vLLM's own count of each prompt: the chat template's tokens, as the model's tokenizer makes them.
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_models["qwen2"]))
+    messages = [
+        [{"role": "user", "content": f"What industry is this company in: {c}"}] for c in answers["Company"].to_pylist()
+    ]
+    prompts = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in messages]
+    assert answers["num_input_tokens"].to_pylist() == [
+        len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts
+    ]
+    assert min(answers["num_generated_tokens"].to_pylist()) >= 1
+    # Totals of what the output holds (the rows vLLM refused cost none), not of the tries: the
+    # killed try's committed range counts once, its range in flight not at all.
+    totals = (sum(answers["num_input_tokens"].to_pylist()), sum(answers["num_generated_tokens"].to_pylist()))
+    assert (summary.tokens_in, summary.tokens_out) == totals
+    status = read_status(str(out))
+    assert (status.tokens_in, status.tokens_out) == totals
+    resumed = pq.read_table(str(out), filters=[("id", ">=", 20)])  # the ranges this run committed
+    assert summary.tokens_out_processed == sum(resumed["num_generated_tokens"].to_pylist())
+
+
 @pytest.fixture(scope="module")
 def free_text(tmp_path_factory, tiny_models):
-    """Free text, greedy, with the throughput knobs set: one engine start."""
+    """Free text with the throughput knobs set (batch_size, max_concurrent_batches, max_num_seqs): one engine start."""
     root = tmp_path_factory.mktemp("vllm-text")
     write_companies(root / "in", 24)
     path = root / "in" / "companies.parquet"
     table = pq.read_table(path)
     names = table["Company"].to_pylist()
-    pq.write_table(table.set_column(1, "Company", pa.array(names[:12] * 2)), path)  # each name twice
+    names[MID] = "Very " * 45 + "Mid Holdings"  # 221 prompt tokens: with max_tokens=40, over max_model_len
+    pq.write_table(table.set_column(1, "Company", pa.array(names)), path)
     task = ChatTask(
         prompt="Describe {Company}",
         system_prompt="You are terse.",
-        sampling_params={"max_tokens": 12, "temperature": 0},
+        sampling_params={"max_tokens": 40, "temperature": 0},
         output_column="text",
+        token_columns=True,
     )
-    cfg = vllm_config(root, tiny_models["qwen2"], task, batch_size=4)
-    cfg.stages[-1].predictor_kwargs["engine"]["engine_kwargs"]["max_num_seqs"] = 4
+    cfg = vllm_config(
+        root, tiny_models["qwen2"], task, engine_kwargs={"max_num_seqs": 4}, batch_size=4, max_concurrent_batches=2
+    )
+    cfg.max_error_fraction = 0.1
     return root / "out", run_batch_inference(cfg)
 
 
-def test_free_text_on_vllm_is_greedy_and_every_row_is_answered(free_text):
+def test_free_text_on_vllm_answers_every_row_within_max_tokens(free_text):
     out, summary = free_text
     table = pq.read_table(str(out))
-    assert summary.rows_out == 24 and summary.engine_errors == 0
-    assert sorted(table["id"].to_pylist()) == list(range(24))
-    texts = table["text"].to_pylist()
-    assert all(isinstance(t, str) and t for t in texts)
-    # Greedy decoding: the same prompt gets the same answer (write_companies repeats some names).
-    by_name: dict[str, set[str]] = {}
-    for name, text in zip(table["Company"].to_pylist(), texts, strict=True):
-        by_name.setdefault(name, set()).add(text)
-    assert len(by_name) == 12 and all(len(answers) == 1 for answers in by_name.values())
+    assert summary.rows_out == 23 and summary.engine_errors == 1
+    assert sorted(table["id"].to_pylist()) == [i for i in range(24) if i != MID]
+    assert all(isinstance(t, str) and t for t in table["text"].to_pylist())
+    generated = table["num_generated_tokens"].to_pylist()
+    assert min(generated) >= 1 and max(generated) <= 40  # max_tokens reached the engine
+    # A rejected row's tokens were spent too: the one cut short generated up to max_model_len.
+    assert summary.tokens_out == sum(generated) + (256 - 221)
+
+
+def test_an_answer_that_max_model_len_would_cut_short_is_a_reject_with_the_reason(free_text):
+    out, _ = free_text
+    (reject,) = pq.read_table(str(out / "_rejects")).to_pylist()
+    assert reject["id"] == MID and reject["kind"] == "engine_error"
+    assert reject["reason"] == (
+        "the prompt is 221 tokens; with max_tokens=40 it exceeds max_model_len=256 (vLLM would cut the answer short)"
+    )
 
 
 def test_the_cpu_build_is_refused_for_replicas_with_gpus_and_named():

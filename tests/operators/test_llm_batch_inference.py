@@ -4,7 +4,6 @@ must not be retried (vLLM unavailable, too many engine errors)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import zlib
 from datetime import UTC, datetime
@@ -15,18 +14,12 @@ from airflow.sdk import DAG
 
 from airflow_provider_raybatch.examples import llm_data
 from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInferenceOperator
-from tests.conftest import REPO, run_dag
+from tests.conftest import run_dag
+from tests.support.example_dags import load_dag
 from tests.support.openai_server import OpenAIServer, completion
 
 pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
 LOGICAL_DATE = datetime(2026, 11, 21, tzinfo=UTC)
-
-
-def load_dag(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_dag", REPO / "dags" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.dag
 
 
 def test_the_example_dag_answers_every_company_with_one_of_the_choices(tmp_path, tiny_models):
@@ -68,10 +61,11 @@ def test_openai_engine_with_choices_rejects_errors_and_out_of_choice_answers(tmp
         assert body["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"] == llm_data.INDUSTRIES
         if company in refused_names:
             return 400, {"error": {"message": f"refused {company}"}}
+        usage = (len(company), 3)  # the endpoint's own count of what the row cost
         if company in outside_names:
-            return 200, completion(json.dumps({"answer": "Mining"}))  # a server that ignores the schema
+            return 200, completion(json.dumps({"answer": "Mining"}), usage)  # a server that ignores the schema
         pick = llm_data.INDUSTRIES[zlib.crc32(company.encode()) % len(llm_data.INDUSTRIES)]
-        return 200, completion(json.dumps({"answer": pick}))
+        return 200, completion(json.dumps({"answer": pick}), usage)
 
     llm_data.write_companies(tmp_path / "companies", 100)
     refused = [i for i, n in enumerate(names) if n in refused_names]
@@ -80,10 +74,18 @@ def test_openai_engine_with_choices_rejects_errors_and_out_of_choice_answers(tmp
         conn = {"conn_type": "http", "host": server.base_url.replace("http://", ""), "schema": "http", "password": "k"}
         monkeypatch.setenv("AIRFLOW_CONN_OPENAI_TEST", json.dumps(conn))
         ok = classify_dag(
-            tmp_path, "openai_ok", engine="openai", model="m", openai_conn_id="openai_test", max_error_fraction=0.5
+            tmp_path,
+            "openai_ok",
+            engine="openai",
+            model="m",
+            openai_conn_id="openai_test",
+            max_error_fraction=0.5,
+            token_columns=True,
         )
         run = run_dag(ok, LOGICAL_DATE)
-        strict = classify_dag(tmp_path, "openai_strict", engine="openai", model="m", openai_conn_id="openai_test")
+        strict = classify_dag(
+            tmp_path, "openai_strict", engine="openai", model="m", openai_conn_id="openai_test", token_columns=True
+        )
         failed = run_dag(strict, LOGICAL_DATE)
     summary = run.get_task_instance("classify").xcom_pull(task_ids="classify")
     assert summary["engine_errors"] == len(refused) + len(outside)
@@ -95,6 +97,11 @@ def test_openai_engine_with_choices_rejects_errors_and_out_of_choice_answers(tmp
     assert by_id[refused[0]]["reason"] == f"the endpoint returned an error: refused {names[refused[0]]}"
     assert by_id[outside[0]]["reason"] == "the answer 'Mining' is not one of the choices"
     assert sorted(out["id"].to_pylist() + list(by_id)) == list(range(100))
+    # Tokens from the endpoint's usage: each answered row's, and the out-of-choice answers' (spent
+    # too); the refused requests reported none.
+    assert out["num_input_tokens"].to_pylist() == [len(n) for n in out["Company"].to_pylist()]
+    counted = [n for i, n in enumerate(names) if i not in refused]
+    assert (summary["tokens_in"], summary["tokens_out"]) == (sum(map(len, counted)), 3 * len(counted))
     # The same output with the default 1 %: the committed errors fail the task, without retries.
     ti = failed.get_task_instance("classify")
     assert ti.state == "failed" and ti.try_number == 1

@@ -13,10 +13,12 @@ from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInfe
 from tests.conftest import run_dag
 from tests.support.cluster_dags import CONN_ID, LOGICAL_DATE
 from tests.support.data import assert_output_sound
+from tests.support.example_dags import load_dag
 from tests.support.ray_cluster import connection
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("airflow_db")]
 ROWS = 40
+ENGINE_KWARGS = {"max_model_len": 256, "enforce_eager": True, "dtype": "float32"}
 
 
 def vllm_dag(tmp_path, model, dag_id: str, **kwargs) -> DAG:
@@ -34,8 +36,10 @@ def vllm_dag(tmp_path, model, dag_id: str, **kwargs) -> DAG:
             engine="vllm",
             model=str(model),
             num_gpus=0,  # vLLM's CPU backend
-            engine_kwargs={"max_model_len": 256, "enforce_eager": True, "dtype": "float32"},
+            engine_kwargs=ENGINE_KWARGS,
             batch_size=8,
+            max_concurrent_batches=2,
+            token_columns=True,
             **kwargs,
         )
     return dag
@@ -44,17 +48,33 @@ def vllm_dag(tmp_path, model, dag_id: str, **kwargs) -> DAG:
 def check_output(tmp_path, summary: dict) -> None:
     assert summary["rows_out"] == ROWS and summary["engine_errors"] == 0
     out = pq.read_table(tmp_path / "out")
+    assert summary["tokens_in"] == sum(out["num_input_tokens"].to_pylist()) > 0
+    assert summary["tokens_out"] == sum(out["num_generated_tokens"].to_pylist()) > 0
     assert set(out["industry"].to_pylist()) <= set(llm_data.INDUSTRIES) and out["industry"].null_count == 0
     assert_output_sound(tmp_path / "out", range(ROWS))
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_the_operator_runs_vllm_on_the_embedded_ray(tmp_path, tiny_models, capfd):
+def test_the_example_dag_runs_vllm_on_cpus_on_the_embedded_ray(tmp_path, tiny_models, capfd):
+    """dags/llm_classify.py as a user triggers it with vLLM's CPU backend: engine, num_gpus and engine_kwargs."""
     llm_data.write_companies(tmp_path / "companies", ROWS)
-    run = run_dag(vllm_dag(tmp_path, tiny_models["qwen2"], "vllm_embedded"), LOGICAL_DATE)
+    conf = {
+        "data_root": str(tmp_path),
+        "model": str(tiny_models["qwen2"]),
+        "engine": "vllm",
+        "num_gpus": 0,
+        "batch_size": 8,
+        "engine_kwargs": ENGINE_KWARGS,
+    }
+    run = run_dag(load_dag("llm_classify"), LOGICAL_DATE, conf=conf)
     ti = run.get_task_instance("classify")
     assert ti.state == "success"
-    check_output(tmp_path, ti.xcom_pull(task_ids="classify"))
+    summary = ti.xcom_pull(task_ids="classify")
+    assert summary["rows_out"] == ROWS and summary["engine_errors"] == 0
+    assert summary["tokens_in"] > 0 and summary["tokens_out"] >= ROWS  # each answer at least its end token
+    out = pq.read_table(tmp_path / "industries")
+    assert set(out["industry"].to_pylist()) <= set(llm_data.INDUSTRIES) and out["industry"].null_count == 0
+    assert_output_sound(tmp_path / "industries", range(ROWS))
     assert "vLLMEngineStageUDF" in "".join(capfd.readouterr())
 
 

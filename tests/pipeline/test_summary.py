@@ -71,3 +71,15 @@ def test_combining_partitions_adds_every_count_and_keeps_the_slowest_time():
         partitions=2,
     )
     assert combined.to_dict()["rows_per_second"] == 4.0
+
+
+def test_tokens_appear_only_where_counted_and_partitions_add_them_up():
+    counted = RunSummary("/out", rows_processed=4, seconds=2.0, tokens_in=400, tokens_out=90, tokens_out_processed=60)
+    data = counted.to_dict()
+    assert (data["tokens_in"], data["tokens_out"], data["tokens_per_second"]) == (400, 90, 30.0)
+    assert RunSummary.from_dict(data) == counted
+    plain = RunSummary("/out", rows_processed=4, seconds=2.0)
+    assert not {"tokens_in", "tokens_out", "tokens_per_second"} & set(plain.to_dict())
+    combined = RunSummary.combine([counted, plain, counted.to_dict()])
+    assert (combined.tokens_in, combined.tokens_out, combined.tokens_out_processed) == (800, 180, 120)
+    assert RunSummary.combine([plain, plain]).tokens_in is None

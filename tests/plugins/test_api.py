@@ -26,6 +26,7 @@ from tests.support.ui_outputs import (
     give_dag_to_team,
     outputs_dag,
     run_killed,
+    tokens_of,
 )
 
 pytestmark = pytest.mark.usefixtures("airflow_db", "ray_local")
@@ -119,6 +120,8 @@ def test_a_task_killed_part_way_reads_partial_with_its_holder_gone(runs):
     # The same figures as the status model reads (what `raybatch status` prints).
     model = runs["before"]["model"]
     assert (model.ranges_committed, model.rows_done, model.rows_rejected) == (2, out["rows_done"], out["rows_rejected"])
+    assert (model.tokens_in, model.tokens_out) == (out["tokens_in"], out["tokens_out"])
+    assert 0 < out["tokens_in"] < tokens_of(range(400))[0]  # the two committed ranges' rows only
     # The verifier of a partial output names what is missing.
     verdict = runs["before"]["verify"]
     assert verdict["ok"] is False and verdict["faults"], verdict
@@ -136,6 +139,8 @@ def test_the_resumed_task_reads_done_with_its_summary_rejects_and_a_clean_verify
         2,
     )
     assert out["rows_out"] == 400 - REJECTED
+    # Tokens of the committed rows, each once: the killed try's two ranges and the resumed three.
+    assert (out["tokens_in"], out["tokens_out"]) == tokens_of(range(400))
     lease = out["lease"]
     assert lease["released"] and lease["try_number"] == data["task"]["try_number"] and lease["pid"] == os.getpid()
     assert lease["generation"] == runs["before"]["ti"]["outputs"][0]["lease"]["generation"] + 1

@@ -160,6 +160,7 @@ def test_a_user_logs_in_and_sees_a_running_tasks_progress_advance(tmp_path, api_
             "the lease holder", lambda: (t := browser.find_element(By.ID, "root").text) and "held" in t and t
         )
         assert "running" in text and "held" in text and f"{DAG_ID} / {RUN_ID} / {TASK_ID}" in text
+        assert "tokens in / out (committed rows)" in browser.find_element(By.ID, "tokens").text
         browser.switch_to.default_content()
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
         shots = [SCREENSHOTS / "task-instance-1.png", SCREENSHOTS / "task-instance-2.png"]

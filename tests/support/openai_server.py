@@ -11,12 +11,16 @@ from typing import Any
 Responder = Callable[[dict[str, Any]], tuple[int, dict[str, Any]]]
 
 
-def completion(content: str) -> dict[str, Any]:
-    return {
+def completion(content: str, usage: tuple[int, int] | None = None) -> dict[str, Any]:
+    """A ``/chat/completions`` answer; ``usage``: (prompt tokens, completion tokens), as servers report them."""
+    body = {
         "id": "chatcmpl-test",
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
     }
+    if usage is not None:
+        body["usage"] = {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}
+    return body
 
 
 class OpenAIServer:

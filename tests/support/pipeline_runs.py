@@ -90,6 +90,31 @@ def run_in_subprocess(tmp_path, predictor, kwargs, env=None, wait=True, **config
     return proc
 
 
+SPEC_SCRIPT = """
+import json, logging, sys
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+if __name__ == "__main__":  # vLLM spawns its engine processes
+    logging.basicConfig(level=logging.INFO)
+    print("SUMMARY " + json.dumps(run_batch_inference(BatchInferenceConfig.from_spec(json.loads(sys.argv[1]))).to_dict()))
+"""
+
+
+def run_spec_in_subprocess(cfg: BatchInferenceConfig, env: dict[str, str], timeout: float = 300):
+    """Run ``cfg`` (as its JSON spec) in a process of its own, with its own embedded Ray; wait for it."""
+    ray_tmp, env = own_ray_env(env)
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", SPEC_SCRIPT, json.dumps(cfg.to_spec())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    finally:
+        kill_leftovers(ray_tmp)
+
+
 def ray_processes(ray_tmp: str) -> list[str]:
     out = subprocess.run(["pgrep", "-af", ray_tmp], capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "pgrep" not in line]

@@ -256,3 +256,23 @@ class ThreadsSeen:
             "torch_threads": np.full(rows, torch.get_num_threads()),
             "arrow_threads": np.full(rows, pa.cpu_count()),
         }
+
+
+class CountTokens:
+    """A model that passes its batch on and reports what each row cost: ``id % 7 + 1`` prompt tokens and ``out`` generated
+    tokens, none counted for ids divisible by ``uncounted_every``; ``error_ids`` are rejected as
+    engine errors (their tokens still counted: they were spent)."""
+
+    def __init__(self, out: int = 2, uncounted_every: int = 0, error_ids: tuple[int, ...] = ()):
+        self.out, self.uncounted_every, self.error_ids = out, uncounted_every, set(error_ids)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict:
+        ids = batch["id"].tolist()
+        counted = [not (self.uncounted_every and i % self.uncounted_every == 0) for i in ids]
+        return {
+            **batch,  # a later stage reads the same columns
+            f"score_{self.out}": batch["features"].sum(axis=1),
+            "__raybatch_tokens_in": [i % 7 + 1 if c else None for i, c in zip(ids, counted, strict=True)],
+            "__raybatch_tokens_out": [self.out if c else None for c in counted],
+            "__raybatch_reject": [f"model failed on id {i}" if i in self.error_ids else None for i in ids],
+        }

@@ -42,7 +42,7 @@ class GenerateEngine(ProcessorEngine):
             parameters["temperature"] = task.sampling_params["temperature"]
         return {"payload": {"inputs": inputs, "parameters": parameters}}
 
-    def answer(self, task, row) -> tuple[str | None, str | None]:
+    def answer(self, task, config, row) -> tuple[str | None, str | None]:
         response = row.get("http_response") or {}
         if response.get("error"):
             return None, f"the server said: {response['error']}"

@@ -29,8 +29,19 @@ ENGINE_ERROR_IDS = (5, 130)
 REJECTED = len([i for i in range(sum(ROWS_PER_FILE)) if i % INVALID_EVERY == 0]) + len(ENGINE_ERROR_IDS)
 
 
+#: The tokens ``reject_some`` reports for each row that reaches its "model" (not the invalid ones).
+TOKENS_PER_ROW = (10, 1)
+
+
+def tokens_of(ids) -> tuple[int, int]:
+    """The output's token totals once ``ids`` are committed."""
+    reached = len([i for i in ids if i % INVALID_EVERY])
+    return reached * TOKENS_PER_ROW[0], reached * TOKENS_PER_ROW[1]
+
+
 def reject_some(batch: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Scores rows; rejects ids divisible by 9 as invalid input and ids 5 and 130 as engine errors (numpy only)."""
+    """Scores rows; rejects ids divisible by 9 as invalid input and ids 5 and 130 as engine errors
+    (numpy only); the rows that reach the "model" cost :data:`TOKENS_PER_ROW`."""
     reasons, kinds = [], []
     for i in batch["id"].tolist():
         if i % INVALID_EVERY == 0:
@@ -42,7 +53,14 @@ def reject_some(batch: dict[str, np.ndarray]) -> dict[str, Any]:
         else:
             reasons.append(None)
             kinds.append(None)
-    return {"score": batch["features"].sum(axis=1), "__raybatch_reject": reasons, "__raybatch_reject_kind": kinds}
+    reached = [kind != "invalid_input" for kind in kinds]
+    return {
+        "score": batch["features"].sum(axis=1),
+        "__raybatch_reject": reasons,
+        "__raybatch_reject_kind": kinds,
+        "__raybatch_tokens_in": [TOKENS_PER_ROW[0] if r else None for r in reached],
+        "__raybatch_tokens_out": [TOKENS_PER_ROW[1] if r else None for r in reached],
+    }
 
 
 def outputs_dag(
@@ -180,7 +198,10 @@ class RangeByRangeWriter:
         for range_id in self.ids:
             if self.stop.wait(self.interval_s):
                 return
-            self.ledger.record([{"range_id": range_id, "files": [f"part-{range_id}.parquet"], "rows": ROWS_PER_RANGE}])
+            tokens = {"tokens_in": ROWS_PER_RANGE * TOKENS_PER_ROW[0], "tokens_out": ROWS_PER_RANGE * TOKENS_PER_ROW[1]}
+            self.ledger.record(
+                [{"range_id": range_id, "files": [f"part-{range_id}.parquet"], "rows": ROWS_PER_RANGE, **tokens}]
+            )
             self.committed += 1
 
     def __enter__(self) -> RangeByRangeWriter:

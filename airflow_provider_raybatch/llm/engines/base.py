@@ -14,7 +14,8 @@ names. Adding an engine is one module, say ``my_pkg/sglang_engine.py``::
 
         def processor_config(self, task, config, resources): ...  # ray.data.llm's config
         def request(self, task, config, messages): ...  # the processor's input for one row
-        def answer(self, task, row): ...  # (answer, None) or (None, error) from its output
+        def answer(self, task, config, row): ...  # (answer, None) or (None, error) from its output
+        def tokens(self, row): ...  # (prompt tokens, generated tokens) of its output, if it counts them
 
 
     def build_transform(stage):
@@ -61,6 +62,8 @@ class Engine:
     sampling_params: ClassVar[tuple[str, ...] | None] = None
     #: The stage's type: a batch predictor here, a transform for a processor engine.
     stage_type: ClassVar[type[Stage]] = Stage
+    #: The engine's replicas overlap batches (``max_concurrent_batches`` of the replicas' resources).
+    overlaps_batches: ClassVar[bool] = False
 
     def default_gpus(self, config: EngineConfig) -> float:
         """GPUs per replica when the user gives none."""
@@ -78,6 +81,10 @@ class Engine:
                     f"sampling_params {unknown} are not supported by engine={self.name!r} "
                     f"(supported: {list(self.sampling_params)})"
                 )
+        if resources.max_concurrent_batches is not None and not self.overlaps_batches:
+            raise ConfigError(
+                f"max_concurrent_batches is not taken by engine={self.name!r}: its replicas work on one batch at a time"
+            )
         if self.needs_endpoint and not config.base_url:
             raise ConfigError(
                 f"engine={self.name!r} needs base_url (the connection's host, e.g. https://api.openai.com/v1)"
@@ -133,9 +140,13 @@ class ProcessorEngine(Engine):
         """The processor's input fields for one row, given its chat messages."""
         raise NotImplementedError
 
-    def answer(self, task: ChatTask, row: dict[str, Any]) -> tuple[str | None, str | None]:
+    def answer(self, task: ChatTask, config: EngineConfig, row: dict[str, Any]) -> tuple[str | None, str | None]:
         """``(answer, None)`` or ``(None, error)`` from one row of the processor's output."""
         raise NotImplementedError
+
+    def tokens(self, row: dict[str, Any]) -> tuple[int | None, int | None]:
+        """The prompt and generated tokens one row of the processor's output cost (None: not counted)."""
+        return None, None
 
 
 def register(cls: type[Engine]) -> type[Engine]:

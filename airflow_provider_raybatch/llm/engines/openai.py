@@ -54,8 +54,17 @@ class OpenAIEngine(ProcessorEngine):
     def request(self, task: ChatTask, config: EngineConfig, messages: list[dict[str, Any]]) -> dict[str, Any]:
         return {"payload": payload(task, config.model, messages)}
 
-    def answer(self, task: ChatTask, row: dict[str, Any]) -> tuple[str | None, str | None]:
+    def answer(self, task: ChatTask, config: EngineConfig, row: dict[str, Any]) -> tuple[str | None, str | None]:
         return parse_response(row.get("http_response"), task)
+
+    def tokens(self, row: dict[str, Any]) -> tuple[int | None, int | None]:
+        """The response's ``usage`` (an endpoint that reports none: not counted)."""
+        response = row.get("http_response")
+        usage = response.get("usage") if isinstance(response, dict) else None
+        if not isinstance(usage, dict):
+            return None, None
+        counts = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        return tuple(int(c) if isinstance(c, int) and not isinstance(c, bool) else None for c in counts)
 
 
 def payload(task: ChatTask, model: str, messages: list[dict[str, Any]]) -> dict[str, Any]:

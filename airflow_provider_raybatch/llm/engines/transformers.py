@@ -9,6 +9,10 @@ most likely one, so every answer is exactly one of the choices.
 A row the engine cannot handle (a prompt longer than ``max_model_len``, an exception on that row
 alone) is rejected as an engine error with the reason; the rest of its batch is answered.
 
+Each answered row's tokens are counted from the tokenizer: the prompt's (image tokens included),
+and those generated up to and including the end-of-turn token (for ``choices``, the chosen
+choice's and its end-of-turn token: what generating it would have produced).
+
 :class:`TransformersEngine` is the engine's registration (imported wherever engines are looked
 up: it imports nothing heavy); :class:`TransformersChat` is the actor, which imports torch and
 transformers when a replica starts.
@@ -20,10 +24,16 @@ import io
 import os
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.llm.config import PREPARED_IMAGE_COLUMN, ChatTask, EngineConfig
+from airflow_provider_raybatch.llm.config import PREPARED_IMAGE_COLUMN, TOKEN_OUTPUT_COLUMNS, ChatTask, EngineConfig
 from airflow_provider_raybatch.llm.engines.base import Engine, register
 from airflow_provider_raybatch.llm.prompts import hf_messages
-from airflow_provider_raybatch.pipeline.columns import ENGINE_ERROR, REJECT_COLUMN, REJECT_KIND_COLUMN
+from airflow_provider_raybatch.pipeline.columns import (
+    ENGINE_ERROR,
+    REJECT_COLUMN,
+    REJECT_KIND_COLUMN,
+    TOKENS_IN_COLUMN,
+    TOKENS_OUT_COLUMN,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -101,6 +111,9 @@ class TransformersChat:
         if self.task.choices:
             end = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
             self.choice_ids = [self.tokenizer(c, add_special_tokens=False).input_ids + end for c in self.task.choices]
+        eos = self.model.generation_config.eos_token_id
+        eos = self.tokenizer.eos_token_id if eos is None else eos
+        self.eos_ids = set(eos) if isinstance(eos, list) else {eos}
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         n = len(next(iter(batch.values())))
@@ -115,15 +128,24 @@ class TransformersChat:
         images = [self._image(png) for png in batch[PREPARED_IMAGE_COLUMN]] if self.vision else None
         answers: list[str | None] = [None] * n
         reasons: list[str | None] = [None] * n
+        tokens: list[tuple[int, int] | None] = [None] * n  # (prompt, generated) of each answered row
         if self.task.choices:
-            self._choose(texts, answers, reasons)
+            self._choose(texts, answers, reasons, tokens)
         else:
-            self._generate(texts, images, answers, reasons)
-        return {
+            self._generate(texts, images, answers, reasons, tokens)
+        counts = {
+            TOKENS_IN_COLUMN: [t[0] if t else None for t in tokens],
+            TOKENS_OUT_COLUMN: [t[1] if t else None for t in tokens],
+        }
+        out = {
             self.task.output_column: answers,
             REJECT_COLUMN: reasons,
             REJECT_KIND_COLUMN: [ENGINE_ERROR if r else None for r in reasons],
+            **counts,
         }
+        if self.task.token_columns:
+            out.update(zip(TOKEN_OUTPUT_COLUMNS, counts.values(), strict=True))
+        return out
 
     @staticmethod
     def _image(png: bytes):
@@ -141,7 +163,7 @@ class TransformersChat:
             return f"the prompt is {length} tokens; with {what} it exceeds max_model_len={self.max_model_len}"
         return None
 
-    def _generate(self, texts: list[str], images: list | None, answers: list, reasons: list) -> None:
+    def _generate(self, texts: list[str], images: list | None, answers: list, reasons: list, tokens: list) -> None:
         inputs = self._encode(texts, images)
         lengths = inputs["attention_mask"].sum(dim=1).tolist()
         ok = []
@@ -154,18 +176,19 @@ class TransformersChat:
         if len(ok) < len(texts):
             inputs = self._encode([texts[i] for i in ok], [images[i] for i in ok] if images else None)
         try:
-            outputs = self._run_generate(inputs)
-            for i, text in zip(ok, outputs, strict=True):
-                answers[i] = text
+            for i, (text, generated) in zip(ok, self._run_generate(inputs), strict=True):
+                answers[i], tokens[i] = text, (int(lengths[i]), generated)
         except Exception:  # noqa: BLE001 - find the rows at fault: retry one at a time
             for i in ok:
                 try:
                     single = self._encode([texts[i]], [images[i]] if images else None)
-                    answers[i] = self._run_generate(single)[0]
+                    ((answers[i], generated),) = self._run_generate(single)
+                    tokens[i] = (int(lengths[i]), generated)
                 except Exception as e:  # noqa: BLE001 - this row alone fails: reject it with the error
                     reasons[i] = f"{type(e).__name__}: {e}"
 
-    def _run_generate(self, inputs) -> list[str]:
+    def _run_generate(self, inputs) -> list[tuple[str, int]]:
+        """Each row's answer, and the tokens generated for it (up to and including its end token)."""
         import torch
 
         if self.seed is not None:
@@ -174,9 +197,14 @@ class TransformersChat:
         with torch.inference_mode():
             out = self.model.generate(**inputs, pad_token_id=self.tokenizer.pad_token_id, **self.generate_kwargs)
         new = out[:, inputs["input_ids"].shape[1] :]
-        return [t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
+        texts = [t.strip() for t in self.tokenizer.batch_decode(new, skip_special_tokens=True)]
+        return list(zip(texts, [self._generated(ids) for ids in new.tolist()], strict=True))
 
-    def _choose(self, texts: list[str], answers: list, reasons: list) -> None:
+    def _generated(self, ids: list[int]) -> int:
+        """Tokens generated: up to the first end token, which counts (padding after it does not)."""
+        return next((i + 1 for i, token in enumerate(ids) if token in self.eos_ids), len(ids))
+
+    def _choose(self, texts: list[str], answers: list, reasons: list, tokens: list) -> None:
         """Answer each row with its most likely choice (sum of the choice's token log-probabilities)."""
         prompts = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
         longest = max(len(c) for c in self.choice_ids)
@@ -194,7 +222,8 @@ class TransformersChat:
                 scores[row, choice] = score
         for row in range(len(texts)):
             if reasons[row] is None:
-                answers[row] = self.task.choices[int(np.argmax(scores[row]))]
+                best = int(np.argmax(scores[row]))
+                answers[row], tokens[row] = self.task.choices[best], (len(prompts[row]), len(self.choice_ids[best]))
 
     def _score(self, chunk: list[tuple[int, int, int, list[int]]]) -> list[float]:
         import torch

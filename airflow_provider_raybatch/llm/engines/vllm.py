@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import logging
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
     from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
+log = logging.getLogger(__name__)
+
 #: CPUs each of the processor's CPU stages reserves when the engine runs on CPUs: one CPU each
 #: (Ray's default) left a 2-CPU node's engine pending behind them.
 CPU_STAGE_CPUS = 0.1
@@ -35,6 +38,8 @@ CPU_STAGE_CPUS = 0.1
 #: ``memory``: vLLM's own default asks for 92 % of the node's memory and refuses to start beside
 #: anything else.
 DEFAULT_CPU_KV_CACHE_BYTES = 2**30
+#: ``ray.data.llm``'s default ``max_concurrent_batches``.
+DEFAULT_CONCURRENT_BATCHES = 8
 
 Build = Literal["cpu", "gpu"]
 
@@ -59,6 +64,7 @@ class VLLMEngine(ProcessorEngine):
     # The factory stays where outputs planned before engine classes recorded it (their job signature).
     predictor = "airflow_provider_raybatch.llm.processors:build_vllm_transform"
     engine_stage = "vLLMEngineStage"
+    overlaps_batches = True
 
     def default_gpus(self, config: EngineConfig) -> float:
         kwargs = config.engine_kwargs
@@ -66,6 +72,7 @@ class VLLMEngine(ProcessorEngine):
 
     def validate(self, task: ChatTask, config: EngineConfig, resources: ReplicaResources) -> None:
         super().validate(task, config, resources)
+        warn_if_starved(config, resources)
         parallel = self.default_gpus(config)
         if on_cpus(resources):
             if parallel != 1:
@@ -154,6 +161,9 @@ class VLLMEngine(ProcessorEngine):
             model_source=config.model,
             engine_kwargs=engine_kwargs,
             batch_size=resources.batch_size,
+            **(
+                {"max_concurrent_batches": resources.max_concurrent_batches} if resources.max_concurrent_batches else {}
+            ),
             concurrency=resources.concurrency,
             accelerator_type=resources.accelerator_type,
             placement_group_config=placement,
@@ -172,8 +182,39 @@ class VLLMEngine(ProcessorEngine):
     def request(self, task: ChatTask, config: EngineConfig, messages: list[dict[str, Any]]) -> dict[str, Any]:
         return {"messages": messages, "sampling_params": sampling_params(task)}
 
-    def answer(self, task: ChatTask, row: dict[str, Any]) -> tuple[str | None, str | None]:
+    def answer(self, task: ChatTask, config: EngineConfig, row: dict[str, Any]) -> tuple[str | None, str | None]:
+        # vLLM refuses a prompt longer than max_model_len, but cuts short, without a word, the
+        # answer of a prompt that leaves fewer than max_tokens: that row is rejected too, as the
+        # transformers engine rejects it before generating.
+        limit, wanted = config.engine_kwargs.get("max_model_len"), task.sampling_params.get("max_tokens")
+        prompt = row.get("num_input_tokens") or 0
+        if limit and wanted and prompt + wanted > limit:
+            return None, (
+                f"the prompt is {prompt} tokens; with max_tokens={wanted} it exceeds max_model_len={limit} "
+                "(vLLM would cut the answer short)"
+            )
         return row.get("generated_text"), None
+
+    def tokens(self, row: dict[str, Any]) -> tuple[int | None, int | None]:
+        return row.get("num_input_tokens"), row.get("num_generated_tokens")
+
+
+def warn_if_starved(config: EngineConfig, resources: ReplicaResources) -> None:
+    """Ray's throughput rule: each replica keeps ``batch_size x max_concurrent_batches`` rows in
+    flight; fewer than vLLM's ``max_num_seqs`` leave the engine waiting for rows."""
+    max_num_seqs = config.engine_kwargs.get("max_num_seqs")
+    batches = resources.max_concurrent_batches or DEFAULT_CONCURRENT_BATCHES
+    if not max_num_seqs or not resources.batch_size or resources.batch_size * batches >= max_num_seqs:
+        return
+    log.warning(
+        "engine='vllm': batch_size x max_concurrent_batches = %d x %d = %d rows in flight per replica, fewer "
+        "than max_num_seqs=%d: the engine waits for rows. Raise batch_size or max_concurrent_batches, or lower "
+        "max_num_seqs",
+        resources.batch_size,
+        batches,
+        resources.batch_size * batches,
+        max_num_seqs,
+    )
 
 
 def on_cpus(resources: ReplicaResources) -> bool:

@@ -40,6 +40,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, RayBatchError
 from airflow_provider_raybatch.pipeline.store.files import absent, exists, ls, read_json, write_json
 
@@ -298,11 +299,15 @@ def _encode(records: Any) -> dict[str, Any]:
     common case, the range's one output file ``part-<range id>.parquet``, which keeps a manifest of
     a million ranges to some tens of MB. The plan each record was written under is kept beside the
     rows, run-length encoded (``plans``: ``[[plan id, count], ...]`` in row order; nearly always one
-    run): rows keep the shape that earlier versions of the provider read.
+    run), and so are the tokens of an output whose model counted them (``tokens``: ``[prompt,
+    generated]`` or null per row): rows keep the shape that earlier versions of the provider read.
     """
     rows: list[list[Any]] = []
     plans: list[list[Any]] = []
+    tokens: list[list[int | None] | None] = []
     for r in records:
+        counted = [r.get(key) for key in TOKEN_KEYS]
+        tokens.append(None if counted == [None, None] else counted)
         files = r["files"]
         default = files == [f"part-{r['range_id']}.parquet"]
         rows.append(
@@ -323,13 +328,18 @@ def _encode(records: Any) -> dict[str, Any]:
     encoded: dict[str, Any] = {"version": PLAN_VERSION, "records": rows}
     if any(plan for plan, _ in plans):
         encoded["plans"] = plans
+    if any(tokens):
+        encoded["tokens"] = tokens
     return encoded
 
 
 def _decode(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     plans = (plan for plan, count in data.get("plans", ()) for _ in range(count))
+    tokens = data.get("tokens") or [None] * len(data["records"])
     records = {}
-    for range_id, rows, rejected, engine_errors, files, committed_at in data["records"]:
+    for (range_id, rows, rejected, engine_errors, files, committed_at), counted in zip(
+        data["records"], tokens, strict=True
+    ):
         record: dict[str, Any] = {
             "range_id": range_id,
             "files": [f"part-{range_id}.parquet"] if files is None else files,
@@ -341,5 +351,8 @@ def _decode(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
             record["committed_at"] = committed_at
         if plan := next(plans, None):
             record["plan"] = plan
+        for key, count in zip(TOKEN_KEYS, counted or (), strict=False):
+            if count is not None:
+                record[key] = count
         records[range_id] = record
     return records

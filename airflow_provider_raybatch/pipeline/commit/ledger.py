@@ -44,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE, CommitLog
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.output_schema import schema_from_json, schema_to_json
@@ -217,13 +218,15 @@ class OutputLedger(CommitLog):
         rejects_tmp_paths: list[str] = (),
         rejected: int = 0,
         engine_errors: int = 0,
+        tokens: tuple[int | None, int | None] = (None, None),
     ) -> dict[str, Any]:
         """Move a range's files (output, rejects) to their final names, durably; return the record
         that will commit them (:meth:`record`). Until it is recorded, the range is published without
         a record: the next run removes its files and redoes it.
 
         ``rows`` counts the rows of the output files; ``rejected`` those of the rejects files, of
-        which ``engine_errors`` failed in a model.
+        which ``engine_errors`` failed in a model; ``tokens`` the prompt and generated tokens of
+        all of them (None: not counted).
         """
         self.fence()
         files = []
@@ -253,6 +256,9 @@ class OutputLedger(CommitLog):
             record["plan"] = self.plan_id
         if rejected:  # only when there are rejects: records of outputs without any stay as they were
             record.update(rejected=rejected, engine_errors=engine_errors)
+        for key, count in zip(TOKEN_KEYS, tokens, strict=True):  # likewise: only where a model counted them
+            if count is not None:
+                record[key] = count
         return record
 
     def reconcile(

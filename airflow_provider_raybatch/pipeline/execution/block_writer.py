@@ -40,6 +40,7 @@ from airflow_provider_raybatch.pipeline.execution.stages import (
     rejects_table,
     split_by_range,
     split_rejected,
+    token_sums,
 )
 from airflow_provider_raybatch.pipeline.store.files import is_local
 from airflow_provider_raybatch.pipeline.store.retries import retry_transient
@@ -59,6 +60,8 @@ FILE_METADATA = pa.schema(
         ("bytes", pa.int64()),
         ("schema", pa.binary()),  # the file's Arrow schema, serialized
         ("engine_errors", pa.int64()),  # rejects that failed in a model
+        ("tokens_in", pa.int64()),  # prompt tokens of the file's rows (null: none counted)
+        ("tokens_out", pa.int64()),  # generated tokens of the file's rows (null: none counted)
         ("problem", pa.string()),  # why the rows' ids are not a key (None: they are)
     ]
 )
@@ -122,6 +125,7 @@ def write_block(
                 if rejected.num_rows:
                     ids.append(rejected.column(KEEP_PREFIX + id_column))
                 problem = key_problem([c.cast(key_type) for c in ids], id_column)
+        tokens = {OUTPUT: token_sums(accepted), REJECTS: token_sums(rejected)}
         for kind, table in ((OUTPUT, output), (REJECTS, rejects)):
             if table is None or not table.num_rows:
                 continue
@@ -151,6 +155,8 @@ def write_block(
                     "bytes": size,
                     "schema": table.schema.remove_metadata().serialize().to_pybytes(),
                     "engine_errors": engine_errors,
+                    "tokens_in": tokens[kind][0],
+                    "tokens_out": tokens[kind][1],
                     "problem": problem,
                 }
             )

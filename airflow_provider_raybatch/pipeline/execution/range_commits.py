@@ -31,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.output_schema import promotion_needed, schema_mismatch
@@ -67,6 +68,8 @@ class _Arrived:
     rows: int = 0
     rejected: int = 0
     engine_errors: int = 0
+    #: Prompt and generated tokens of its rows (None: no file counted any).
+    tokens: list[int | None] = field(default_factory=lambda: [None, None])
 
 
 class RangeCommits:
@@ -161,9 +164,7 @@ class RangeCommits:
             self._first_recorded = True
             for index, record in batch:
                 crash_point("committed")
-                self.progress.committed(
-                    index, record["rows"], record.get("rejected", 0), record.get("engine_errors", 0)
-                )
+                self.progress.committed(index, record)
             self.progress.check_errors(self.config.max_error_fraction, self.ledger.display_path, final=False)
 
     def recorded(self) -> dict[str, dict[str, Any]]:
@@ -206,6 +207,9 @@ class RangeCommits:
             else:
                 arrived.rejected += file["rows"]
                 arrived.engine_errors += file["engine_errors"]
+            for i, key in enumerate(TOKEN_KEYS):  # .get: receipts written before tokens were counted lack them
+                if file.get(key) is not None:
+                    arrived.tokens[i] = (arrived.tokens[i] or 0) + file[key]
             self.file_bytes += file["bytes"]
             received = arrived.rows + arrived.rejected
             if received > row_range.rows:
@@ -267,7 +271,13 @@ class RangeCommits:
             for kind, files in arrived.files.items()
         }
         record = self.ledger.publish(
-            row_range.id, paths[OUTPUT], arrived.rows, paths[REJECTS], arrived.rejected, arrived.engine_errors
+            row_range.id,
+            paths[OUTPUT],
+            arrived.rows,
+            paths[REJECTS],
+            arrived.rejected,
+            arrived.engine_errors,
+            tokens=tuple(arrived.tokens),
         )
         self._published(index, record)
 

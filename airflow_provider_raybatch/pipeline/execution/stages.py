@@ -21,6 +21,7 @@ from airflow_provider_raybatch.pipeline.columns import (
     REJECT_COLUMN,
     REJECT_COLUMNS,
     REJECT_KIND_COLUMN,
+    TOKEN_COLUMNS,
 )
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, StageError
@@ -123,9 +124,15 @@ class StageWorker:
             batch = user
         result = output_to_table(self.fn(batch, **self.kwargs), self.name, table.num_rows)
         result, reasons, kinds = self._take_rejects(result)
+        result, tokens = self._take_tokens(result)
         for name in internal:
             if name not in REJECT_COLUMNS:
-                result = result.append_column(name, table.column(name))
+                column = table.column(name)
+                if name in tokens:  # an earlier stage counted tokens too: a row's counts add up
+                    column = add_counts(column, tokens.pop(name))
+                result = result.append_column(name, column)
+        for name, column in tokens.items():
+            result = result.append_column(name, column)
         if reasons is not None:
             result = result.append_column(REJECT_COLUMN, reasons).append_column(REJECT_KIND_COLUMN, kinds)
         if rejected.num_rows == 0:
@@ -133,8 +140,25 @@ class StageWorker:
         # Rows rejected earlier pass by with nulls in this stage's output columns.
         return pa.concat_tables([result, rejected], promote_options="default")
 
+    def _take_tokens(self, result: pa.Table) -> tuple[pa.Table, dict[str, pa.ChunkedArray]]:
+        """The stage's output without its token counts, and the counts (int64; null: not counted)."""
+        tokens = {}
+        for name in TOKEN_COLUMNS:
+            if name in result.column_names:
+                try:
+                    tokens[name] = result.column(name).cast(pa.int64())
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                    raise StageError(
+                        f"stage {self.name!r}: {name} must hold token counts (integers) or None: {e}"
+                    ) from e
+        return result.drop_columns(list(tokens)), tokens
+
     def _take_rejects(self, result: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Array | None]:
-        bad = [c for c in result.column_names if c.startswith(INTERNAL_PREFIX) and c not in REJECT_COLUMNS]
+        bad = [
+            c
+            for c in result.column_names
+            if c.startswith(INTERNAL_PREFIX) and c not in REJECT_COLUMNS and c not in TOKEN_COLUMNS
+        ]
         if bad:
             raise StageError(f"stage {self.name!r} returned internal column(s) {bad}; rename them")
         outputs = result.drop_columns([c for c in REJECT_COLUMNS if c in result.column_names])
@@ -196,6 +220,23 @@ def _cuts_between_ranges(table: pa.Table, rows: int) -> list[int]:
             cuts.append(int(boundary))
             last = boundary
     return cuts
+
+
+def add_counts(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Two stages' counts of the same rows, added; null where neither counted."""
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    total = pc.add(pc.fill_null(a.cast(pa.int64()), 0), pc.fill_null(b.cast(pa.int64()), 0))
+    return pc.if_else(both_null, pa.scalar(None, pa.int64()), total)
+
+
+def token_sums(table: pa.Table) -> tuple[int | None, int | None]:
+    """The prompt and generated tokens ``table``'s rows cost (None: no row of it was counted)."""
+    sums = []
+    for name in TOKEN_COLUMNS:
+        column = table.column(name) if name in table.column_names else None
+        counted = column is not None and column.null_count < len(column)
+        sums.append(int(pc.sum(column).as_py()) if counted else None)
+    return sums[0], sums[1]
 
 
 def split_rejected(table: pa.Table) -> tuple[pa.Table, pa.Table]:

@@ -31,6 +31,7 @@ from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
 from airflow_provider_raybatch.pipeline.planning.planner import RowRange, contiguous_groups, recorded_ranges
 from airflow_provider_raybatch.pipeline.store.files import ls, read_json, resolve
+from airflow_provider_raybatch.pipeline.summary import token_totals
 
 State = Literal["done", "running", "partial", "not started"]
 
@@ -141,6 +142,9 @@ class OutputStatus:
         committed, ``0`` not (a picture of which ranges are done).
     :param rejects_files: with ``detail``: the committed rejects files, relative to the output, in
         range order (a sample is read from them: :func:`.rejects.sample_rejects`).
+    :param tokens_in: prompt tokens of the committed ranges, where a model counted them (LLM
+        engines; None: none counted); ``tokens_out`` the generated tokens. What the output holds,
+        not what its tries spent.
     """
 
     path: str
@@ -169,6 +173,8 @@ class OutputStatus:
     files: list[FileProgress] | None = None
     committed_mask: str | None = None
     rejects_files: list[str] | None = None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
 
     @property
     def fraction_done(self) -> float:
@@ -286,6 +292,7 @@ def _read(
     rows_out = sum(r["rows"] for r in mine.values())
     rejected = sum(r.get("rejected", 0) for r in mine.values())
     engine_errors = sum(r.get("engine_errors", 0) for r in mine.values())
+    tokens_in, tokens_out = token_totals(mine.values())
     rows_planned = sum(r.rows for r in ranges)
 
     lease = _lease_status(lease_owner, lease_owner.lease_folder(), OUTPUT_SCOPE, lease_timeout_s, now)
@@ -327,6 +334,8 @@ def _read(
         read_at=now,
         read_s=round(time.perf_counter() - started, 4),
         objects_read=dict(ledger.last_read),
+        tokens_in=tokens_in,
+        tokens_out=tokens_out,
         files=_files(plan.input, ranges, mine) if detail else None,
         committed_mask="".join("1" if r.id in mine else "0" for r in ranges) if detail else None,
         rejects_files=rejects_files(mine) if detail else None,

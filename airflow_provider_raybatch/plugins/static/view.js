@@ -125,7 +125,10 @@
       `<div class="card"><b>${num(o.rows_done)} / ${num(o.rows_planned)}</b>rows done</div>` +
       `<div class="card"><b>${num(o.ranges_committed)} / ${num(o.ranges_planned)}</b>ranges committed</div>` +
       `<div class="card"><b>${o.rate_rows_per_s === null ? "–" : num(Math.round(o.rate_rows_per_s)) + " rows/s"}</b>current rate</div>` +
-      `<div class="card"><b>${o.eta_s === null ? "–" : dur(o.eta_s)}</b>time left</div></div>` +
+      `<div class="card"><b>${o.eta_s === null ? "–" : dur(o.eta_s)}</b>time left</div>` +
+      (o.tokens_in === null || o.tokens_in === undefined ? "" :
+        `<div class="card" id="tokens"><b>${num(o.tokens_in)} / ${num(o.tokens_out)}</b>tokens in / out (committed rows)</div>`) +
+      `</div>` +
       bar(o.fraction_done, rejectedFraction, `${pct(o.fraction_done)} · ${num(o.rows_done)} of ${num(o.rows_planned)} rows`, false, "rows-bar") +
       `<div style="margin-top:4px">${rangeStrip(o.committed_mask)}</div>`;
     if (o.partition) {

@@ -42,6 +42,19 @@ def test_records_without_any_plan_keep_the_shape_earlier_versions_read():
     assert all(len(row) == 6 for row in encoded["records"])
 
 
+def test_token_counts_ride_beside_the_rows_only_where_a_model_counted_them():
+    records = [
+        record("a-0-10", tokens_in=120, tokens_out=30),
+        record("a-10-20", rejected=1, engine_errors=1, tokens_in=0, tokens_out=0),  # counted: none spent
+        record("a-20-30"),  # rows no model counted (a stage without tokens)
+    ]
+    encoded = _encode(records)
+    assert encoded["tokens"] == [[120, 30], [0, 0], None]
+    assert all(len(row) == 6 for row in encoded["records"])  # the shape earlier versions read
+    assert _decode(json.loads(json.dumps(encoded))) == {r["range_id"]: r for r in records}
+    assert "tokens" not in _encode([record("a-0-10")])
+
+
 def test_of_two_records_of_a_range_the_later_committed_wins():
     records = {"a-0-10": record("a-0-10", rows=10, committed_at=2.0)}
     _add_records(records, {"a-0-10": record("a-0-10", rows=99, committed_at=1.0)})
