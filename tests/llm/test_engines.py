@@ -305,3 +305,10 @@ def test_vllm_refuses_at_once_without_vllm_or_without_gpus(tmp_path, tiny_models
     ):
         vllm.preflight(EngineConfig("vllm", "m"), on_cpus, installed=lambda: "gpu")
     vllm.preflight(EngineConfig("vllm", "m"), on_cpus, installed=lambda: "cpu")  # no GPU asked for, none needed
+    # On CPUs the processor's stages and the reads need CPUs beside the engine: a 1-CPU engine on 2
+    # CPUs would never read a row (Ray's guide's pipeline waited 9 minutes so, without a word).
+    with pytest.raises(
+        ConfigError, match=r"needs 2.3 CPUs at once: 1 for the engine .* has 2; .* Lower num_cpus to 0.7"
+    ):
+        vllm._check_cpus(ReplicaResources(num_cpus=1, num_gpus=0), cpus=2)
+    vllm._check_cpus(ReplicaResources(num_cpus=0.5, num_gpus=0), cpus=2)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_provider_raybatch.llm.engines.base import ProcessorEngine, register
 from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.resources import READ_CPUS
 
 if TYPE_CHECKING:
     from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 #: CPUs each of the processor's CPU stages reserves when the engine runs on CPUs: one CPU each
 #: (Ray's default) left a 2-CPU node's engine pending behind them.
 CPU_STAGE_CPUS = 0.1
+#: The processor's stages whose actors stay up beside each engine: chat template, tokenize, detokenize.
+PROCESSOR_CPU_STAGES = 3
 #: The KV cache of an engine on CPUs, unless ``engine_kwargs`` sizes it (``kv_cache_memory_bytes``,
 #: or ``gpu_memory_utilization``, the share of the node's memory on CPUs) or the replica reserves
 #: ``memory``: vLLM's own default asks for 92 % of the node's memory and refuses to start beside
@@ -134,7 +137,8 @@ class VLLMEngine(ProcessorEngine):
                 "or install vLLM's GPU build for replicas with GPUs"
             )
         if wanted == "cpu":
-            return  # the CPUs are checked with every stage's (resources.wait_for_cluster_resources)
+            self._check_cpus(resources, ray.cluster_resources().get("CPU", 0))
+            return
         needed = resources.num_gpus * resources.min_replicas
         gpus = ray.cluster_resources().get("GPU", 0)
         if needed > gpus:
@@ -142,6 +146,22 @@ class VLLMEngine(ProcessorEngine):
                 f"engine='vllm' needs {needed:g} GPU(s) (num_gpus / tensor x pipeline parallel size x concurrency) "
                 f"but the Ray cluster has {gpus:g}; vLLM would wait for them silently (num_gpus=0 runs vLLM's "
                 "CPU backend)"
+            )
+
+    @staticmethod
+    def _check_cpus(resources: ReplicaResources, cpus: float) -> None:
+        """On CPUs the processor's own stages hold CPUs beside the engines and the reads: a cluster
+        that cannot hold all of them at once never starts a read, and Ray waits without a word (a
+        1-CPU engine on 2 CPUs did, for as long as it was left)."""
+        engines = resources.num_cpus * resources.min_replicas
+        stages = CPU_STAGE_CPUS * PROCESSOR_CPU_STAGES * resources.min_replicas
+        needed = engines + stages + READ_CPUS
+        if needed > cpus + 1e-9:
+            raise ConfigError(
+                f"engine='vllm' on CPUs needs {needed:g} CPUs at once: {engines:g} for the engine replicas (num_cpus x "
+                f"concurrency), {stages:g} for the processor's other stages and {READ_CPUS:g} to read, but the Ray "
+                f"cluster has {cpus:g}; Ray would wait for them without a word. Lower num_cpus to "
+                f"{max((cpus - stages - READ_CPUS) / resources.min_replicas, 0):g} or less, or use fewer replicas"
             )
 
     def processor_config(self, task: ChatTask, config: EngineConfig, resources: ReplicaResources) -> Any:
