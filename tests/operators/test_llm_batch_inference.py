@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import json
 import zlib
-from datetime import UTC, datetime
 
 import pyarrow.parquet as pq
 import pytest
-from airflow.sdk import DAG
 
 from airflow_provider_raybatch.examples import llm_data
 from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInferenceOperator
 from tests.conftest import run_dag
 from tests.support.example_dags import load_dag
+from tests.support.llm_dags import LOGICAL_DATE, classify_dag
 from tests.support.openai_server import OpenAIServer, completion
 
 pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
-LOGICAL_DATE = datetime(2026, 11, 21, tzinfo=UTC)
 
 
 def test_the_example_dag_answers_every_company_with_one_of_the_choices(tmp_path, tiny_models):
@@ -32,24 +30,6 @@ def test_the_example_dag_answers_every_company_with_one_of_the_choices(tmp_path,
     assert out.column_names == ["id", "Company", "true_industry", "industry"]
     assert sorted(out["id"].to_pylist()) == list(range(rows))
     assert set(out["industry"].to_pylist()) <= set(llm_data.INDUSTRIES) and out["industry"].null_count == 0
-
-
-def classify_dag(tmp_path, dag_id: str, **kwargs) -> DAG:
-    with DAG(dag_id, schedule=None, start_date=LOGICAL_DATE) as dag:
-        LLMBatchInferenceOperator(
-            task_id="classify",
-            input_path=str(tmp_path / "companies"),
-            output_path=str(tmp_path / "out"),
-            prompt="What industry is this company in: {Company}",
-            choices=llm_data.INDUSTRIES,
-            output_column="industry",
-            keep_columns=["Company"],
-            id_column="id",
-            rows_per_range=20,
-            retries=2,
-            **kwargs,
-        )
-    return dag
 
 
 def test_openai_engine_with_choices_rejects_errors_and_out_of_choice_answers(tmp_path, monkeypatch, capfd):

@@ -9,11 +9,11 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_provider_raybatch.examples import llm_data
-from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInferenceOperator
 from tests.conftest import run_dag
-from tests.support.cluster_dags import CONN_ID, LOGICAL_DATE
+from tests.support.cluster_dags import CONN_ID
 from tests.support.data import assert_output_sound
 from tests.support.example_dags import load_dag
+from tests.support.llm_dags import LOGICAL_DATE, classify_dag
 from tests.support.ray_cluster import connection
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("airflow_db")]
@@ -22,27 +22,19 @@ ENGINE_KWARGS = {"max_model_len": 256, "enforce_eager": True, "dtype": "float32"
 
 
 def vllm_dag(tmp_path, model, dag_id: str, **kwargs) -> DAG:
-    with DAG(dag_id, schedule=None, start_date=LOGICAL_DATE) as dag:
-        LLMBatchInferenceOperator(
-            task_id="classify",
-            input_path=str(tmp_path / "companies"),
-            output_path=str(tmp_path / "out"),
-            prompt="What industry is this company in: {Company}",
-            choices=llm_data.INDUSTRIES,
-            output_column="industry",
-            keep_columns=["Company"],
-            id_column="id",
-            rows_per_range=20,
-            engine="vllm",
-            model=str(model),
-            num_gpus=0,  # vLLM's CPU backend
-            engine_kwargs=ENGINE_KWARGS,
-            batch_size=8,
-            max_concurrent_batches=2,
-            token_columns=True,
-            **kwargs,
-        )
-    return dag
+    """The classify DAG on vLLM's CPU backend, with the throughput knobs and per-row tokens."""
+    return classify_dag(
+        tmp_path,
+        dag_id,
+        engine="vllm",
+        model=str(model),
+        num_gpus=0,
+        engine_kwargs=ENGINE_KWARGS,
+        batch_size=8,
+        max_concurrent_batches=2,
+        token_columns=True,
+        **kwargs,
+    )
 
 
 def check_output(tmp_path, summary: dict) -> None:
