@@ -43,6 +43,12 @@ RAY_CONN_FIELDS: dict[str, dict[str, Any]] = {
         "label": "Ray namespace",
         "schema": {"type": ["string", "null"]},
     },
+    "outage_timeout": {
+        "label": "Jobs API outage timeout (s)",
+        "description": "How long a task keeps retrying while the Jobs API is unreachable or answers 502/503/504 "
+        "(a dashboard restart, an ingress rollout) before its try fails; default 600, 0: no retry",
+        "schema": {"type": ["number", "null"], "minimum": 0},
+    },
 }
 
 

@@ -37,8 +37,12 @@ class RayHook(BaseHook):
 
     The Jobs API methods come in pairs: ``name`` for the worker and ``aname`` for async code (the
     trigger), as ``get_connection`` / ``aget_connection``. Each call (a whole wait included) uses
-    one HTTP session; each request in it times out. They raise :class:`RayJobsError` when the
-    cluster cannot be reached, refuses a request, or the connection names no cluster.
+    one HTTP session; each request in it times out, and is retried while the Jobs API is
+    unavailable (refused or reset connections, timeouts, 502/503/504, a 500 "try again later"),
+    for up to the connection's ``outage_timeout`` (600 s by default). They raise
+    :class:`RayJobsError` when the cluster refuses a request, stays unreachable past that bound
+    (:class:`~airflow_provider_raybatch.pipeline.errors.JobsApiUnavailable`), or the connection
+    names no cluster.
 
     :param ray_conn_id: the ``ray`` connection to use; None for the embedded local Ray.
     """
@@ -92,14 +96,14 @@ class RayHook(BaseHook):
         """A Jobs API client for the cluster; open it with ``async with``."""
         from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient
 
-        return RayJobsClient(self._settings())
+        return RayJobsClient(self._settings(), self.log)
 
     @asynccontextmanager
     async def _client(self) -> AsyncIterator[RayJobsClient]:
         from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient
 
         await self.acluster()
-        async with RayJobsClient(self._settings()) as client:
+        async with RayJobsClient(self._settings(), self.log) as client:
             yield client
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
@@ -242,8 +246,8 @@ class RayHook(BaseHook):
         from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, run_sync
 
         try:
-            # The UI waits on this answer: a shorter timeout than the jobs' calls.
-            client = RayJobsClient(replace(self._settings(), timeout_s=TEST_TIMEOUT_S))
+            # The UI waits on this answer: a shorter timeout than the jobs' calls, and no retry.
+            client = RayJobsClient(replace(self._settings(), timeout_s=TEST_TIMEOUT_S, outage_timeout_s=0))
             version, nodes = run_sync(_describe(client))
         except (RayJobsError, ConfigError) as e:
             return False, str(e)

@@ -12,6 +12,11 @@ from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 
+#: Seconds the Jobs API may stay unavailable before a call (a wait's poll included) gives up: long
+#: enough for a dashboard restart or a head pod rescheduled, short enough that a cluster that is
+#: really gone fails the try (which the next try then reattaches, or resubmits).
+DEFAULT_OUTAGE_TIMEOUT_S = 600.0
+
 
 @dataclass(frozen=True)
 class RayClusterSettings:
@@ -19,6 +24,9 @@ class RayClusterSettings:
 
     :param timeout_s: the longest a single request may take (a log stream only waits this long
         to connect).
+    :param outage_timeout_s: how long a call keeps retrying while the Jobs API is unavailable
+        (:class:`~airflow_provider_raybatch.pipeline.errors.JobsApiUnavailable`) before it fails;
+        0: one attempt.
     """
 
     address: str
@@ -31,6 +39,7 @@ class RayClusterSettings:
     entrypoint_memory: int | None = None
     namespace: str | None = None
     timeout_s: float = 10.0
+    outage_timeout_s: float = DEFAULT_OUTAGE_TIMEOUT_S
 
     def job_url(self, submission_id: str) -> str:
         """The job's page in the Ray dashboard."""
@@ -67,7 +76,16 @@ def cluster_settings(conn: Any) -> RayClusterSettings | None:
         entrypoint_num_gpus=_number(conn, extra, "entrypoint_num_gpus", float),
         entrypoint_memory=_number(conn, extra, "entrypoint_memory", int),
         namespace=extra.get("namespace") or None,
+        outage_timeout_s=DEFAULT_OUTAGE_TIMEOUT_S
+        if (outage := _number(conn, extra, "outage_timeout", float)) is None
+        else _at_least_zero(conn, "outage_timeout", outage),
     )
+
+
+def _at_least_zero(conn: Any, name: str, value: float) -> float:
+    if value < 0:
+        raise ConfigError(f"connection {conn.conn_id!r}: extra {name!r} must be >= 0 seconds, got {value:g}")
+    return value
 
 
 def _json_field(conn: Any, extra: dict[str, Any], name: str) -> dict[str, Any]:

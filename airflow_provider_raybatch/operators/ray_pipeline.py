@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import Asset, BaseOperator
 
@@ -323,7 +323,7 @@ class RayPipelineOperator(BaseOperator):
                 if isinstance(outcome, JobInfo):
                     outcome = self._follow_job(context, runner, outcome)
             except RayJobsError as e:
-                raise AirflowException(str(e)) from e
+                self._unfollowed(context, str(e))
             return self._done(context, config, outcome)
 
     def _follow_job(self, context: Context, runner: RayJobRunner, info: JobInfo) -> JobInfo:
@@ -401,12 +401,39 @@ class RayPipelineOperator(BaseOperator):
         if outcome == WaitOutcome.TIMED_OUT:
             raise AirflowTaskTimeout(event["message"])
         if outcome == WaitOutcome.UNREACHABLE:
-            raise AirflowException(event["message"])
+            self._unfollowed(context, event["message"])
         info = JobInfo(
             self.submission_id, JobStatus(event["status"]), event.get("message", ""), event.get("driver_exit_code")
         )
         with _fail_without_retry():
             return self._done(context, self.build_config(context), info)
+
+    def _unfollowed(self, context: Context, message: str) -> NoReturn:
+        """Fail the try when the job could not be submitted or followed (the Jobs API refused, or
+        stayed unavailable past the connection's ``outage_timeout``).
+
+        The next try reattaches to the job. After the last try there is none: its job is stopped
+        (as ``on_kill`` does), so that no writer goes on unseen while Airflow calls the task failed.
+        """
+        ti = context["ti"]
+        if self.submission_id is not None and not (self.retries and ti.try_number <= ti.max_tries):
+            try:
+                stopped = self.hook.stop_job(self.submission_id)
+                self.log.warning(
+                    "This is the task's last try: %s",
+                    f"stopped its Ray job {self.submission_id}"
+                    if stopped
+                    else f"its Ray job {self.submission_id} had already ended",
+                )
+            except RayJobsError as e:
+                self.log.error(
+                    "This is the task's last try, and its Ray job %s could not be stopped (%s): it may still be "
+                    "running and writing %s; stop it from the Ray dashboard",
+                    self.submission_id,
+                    e,
+                    self.output_path,
+                )
+        raise AirflowException(message)
 
     def on_kill(self) -> None:
         """The task was killed or marked failed: stop its Ray job (stop, not delete: its log stays)."""

@@ -116,6 +116,12 @@ class RayJobsError(RayBatchError):
     """A Ray cluster's Jobs API could not be reached or refused a request; the message says why."""
 
 
+class JobsApiUnavailable(RayJobsError):
+    """The Jobs API did not answer, or answered that it cannot serve now: a refused or reset
+    connection, a timeout, 502/503/504, or a 500 that says to try again later (a dashboard
+    restarting, a head pod rescheduled, an ingress during a rollout). It may pass by itself."""
+
+
 class JobDeadlineExceeded(RayJobsError):
     """The task's deadline passed while its Ray job was still running."""
 

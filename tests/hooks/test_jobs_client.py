@@ -21,7 +21,8 @@ def test_a_server_that_never_answers_times_out():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen()  # accepts connections (backlog) and never answers
-        client = RayJobsClient(RayClusterSettings(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout_s=1))
+        address = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        client = RayJobsClient(RayClusterSettings(address, timeout_s=1, outage_timeout_s=0))
 
         async def version() -> str:
             async with client:

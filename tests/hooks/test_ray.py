@@ -70,14 +70,21 @@ def test_extras_token_and_secrets(monkeypatch):
             "entrypoint_num_gpus": 1,
             "entrypoint_memory": "1000",
             "namespace": "batch",
+            "outage_timeout": "90",
         },
     ).cluster
     assert cluster.headers == {"X-Proxy-Key": "pr0xy", "Authorization": "Bearer tok3n"}
     assert cluster.cookies == {"session": "c00kie"} and cluster.verify is False
     assert cluster.runtime_env == {"pip": ["torch"], "env_vars": {"A": "1"}}
     assert (cluster.entrypoint_num_cpus, cluster.entrypoint_num_gpus, cluster.entrypoint_memory) == (2.0, 1.0, 1000)
-    assert cluster.namespace == "batch"
+    assert cluster.namespace == "batch" and cluster.outage_timeout_s == 90
     assert not any(secret in repr(cluster) for secret in ("tok3n", "pr0xy", "c00kie"))
+
+
+def test_the_outage_timeout_defaults_to_ten_minutes_and_is_at_least_zero(monkeypatch):
+    assert hook_for(monkeypatch, host="http://head:8265").cluster.outage_timeout_s == 600
+    with pytest.raises(ConfigError, match="extra 'outage_timeout' must be >= 0 seconds, got -1"):
+        hook_for(monkeypatch, host="http://head:8265", extra={"outage_timeout": -1}).cluster  # noqa: B018
 
 
 def test_an_explicit_authorization_header_wins_over_the_token(monkeypatch):
