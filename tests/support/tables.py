@@ -77,3 +77,20 @@ def read_table(tmp_path: Path, fmt: str, ds: str | None = None, catalog: dict[st
         rows = db.read_parquet(files, hive_partitioning=False, union_by_name=True).to_arrow_table()
     rows = pa.table(rows)
     return rows if ds is None else rows.filter(pc.equal(rows["ds"], ds))
+
+
+def history(tmp_path: Path, fmt: str, ds: str, catalog: dict[str, str] | None = None) -> list[pa.Table]:
+    """The rows of date ``ds`` at every version (Delta) or snapshot (Iceberg) in the table's log, oldest
+    first, as time travel reads them (by the table's own library)."""
+    root = tmp_path / "table"
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        versions = range(DeltaTable(str(root)).version() + 1)
+        tables = [DeltaTable(str(root), version=v).to_pyarrow_table() for v in versions]
+    else:
+        from airflow_provider_raybatch.pipeline.tables.iceberg import load_catalog
+
+        table = load_catalog(catalog or catalog_properties(tmp_path)).load_table(IDENTIFIER)
+        tables = [table.scan(snapshot_id=s.snapshot_id).to_arrow() for s in table.snapshots()]
+    return [t.filter(pc.equal(t["ds"], ds)) for t in tables]

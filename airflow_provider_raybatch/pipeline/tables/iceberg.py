@@ -9,8 +9,9 @@ every attempt: a commit whose reply was lost, or a resumed run, finds its number
 A catalog commit is a compare-and-swap of the table's metadata location: a writer that loses a
 race (``CommitFailedException``) or whose replacement conflicts with another writer's files of the
 same partition (``ValidationException``) reads the table again and goes on. A partition's
-replacement deletes its rows and adds the new files in one transaction: one catalog commit, so
-readers of the current snapshot see the old rows or the new, never both.
+replacement removes its files and adds the new ones in one snapshot (operation ``overwrite``) of
+one catalog commit: every snapshot of the table's history, not only the current one, holds the
+partition's old rows or its new ones, never both and never none.
 """
 
 from __future__ import annotations
@@ -85,16 +86,10 @@ class IcebergTableWriter:
     def partition_files(self, partition: Mapping[str, str]) -> list[str]:
         """The files of ``partition`` in the table's current snapshot, relative to ``location``
         (a file elsewhere keeps its full path)."""
-        from pyiceberg.expressions import AlwaysTrue, And, EqualTo
-
         table = self._load()
-        if table is None or table.current_snapshot() is None:
+        if table is None:
             return []
-        where: Any = AlwaysTrue()
-        for column, value in partition.items():
-            where = And(where, EqualTo(column, value))
-        paths = [task.file.file_path for task in table.scan(row_filter=where).plan_files()]
-        return [p.removeprefix(f"{self.location}/") for p in paths]
+        return [f.file_path.removeprefix(f"{self.location}/") for f in _partition_files(table, partition)]
 
     def commit(
         self,
@@ -107,9 +102,9 @@ class IcebergTableWriter:
     ) -> bool:
         """As :meth:`.delta.DeltaTableWriter.commit`; ``files`` are relative to ``location``."""
         from pyiceberg.exceptions import CommitFailedException, ValidationException
-        from pyiceberg.expressions import And, EqualTo
 
         properties = commit_metadata(self.writer_id, seq, ranges)
+        paths = [f"{self.location}/{f.path}" for f in files]
 
         def attempt() -> bool | None:
             self.fence()
@@ -130,14 +125,12 @@ class IcebergTableWriter:
             _without_retries(table)
             with table.transaction() as tx:
                 if replace_partition:
-                    conditions = [EqualTo(k, v) for k, v in partition.items()]
-                    where = conditions[0] if len(conditions) == 1 else And(*conditions)
-                    tx.delete(where, snapshot_properties=properties)
-                if files:
+                    self._replace(table, tx, partition, paths, properties)
+                elif files:
                     # No scan of every file of the table for duplicates (pyiceberg's default): a
                     # file joins the table only through its range's one commit, checked above.
                     tx.add_files(
-                        [f"{self.location}/{f.path}" for f in files],
+                        paths,
                         snapshot_properties=properties,
                         check_duplicate_files=False,
                     )
@@ -145,6 +138,51 @@ class IcebergTableWriter:
 
         conflicts = (CommitFailedException, ValidationException)
         return apply_once(attempt, conflicts, f"table commit {seq} of writer {self.writer_id} to {self.identifier}")
+
+    def snapshots_of(self, seq: int) -> list[str]:
+        """The operations of the snapshots among the current snapshot's ancestors that carry this
+        writer's commit ``seq``, oldest first: one for a commit this writer made (none once expired)."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = self._load()
+        if table is None:
+            return []
+        return [
+            str(s.summary.operation.value)
+            for s in reversed(list(ancestors_of(table.current_snapshot(), table.metadata)))
+            if s.summary is not None
+            and s.summary.get(WRITER_KEY) == self.writer_id
+            and s.summary.get(SEQ_KEY) == str(seq)
+        ]
+
+    def _replace(
+        self, table: Any, tx: Any, partition: Mapping[str, str], paths: list[str], properties: dict[str, str]
+    ) -> None:
+        """Stage in ``tx`` the replacement of ``partition``'s files by ``paths``, in ONE snapshot
+        (operation ``overwrite``; ``append`` on a table without snapshots).
+
+        Not pyiceberg's ``delete`` then ``add_files``: in one transaction they make two snapshots, a
+        DELETE in which the partition is empty, then an APPEND. Readers of the current snapshot never
+        see the first, but time travel, incremental readers walking the snapshots and change-data
+        consumers would see the date vanish.
+        """
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
+        from pyiceberg.table import TableProperties
+        from pyiceberg.utils.concurrent import ExecutorFactory
+
+        if tx.table_metadata.name_mapping() is None:
+            # As add_files does: the files carry no field ids, and are read by the columns' names.
+            mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
+            tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: mapping})
+        metadata = tx.table_metadata
+        new = list(
+            ExecutorFactory.get_or_create().map(lambda p: parquet_file_to_data_file(table.io, metadata, p), paths)
+        )
+        with tx.update_snapshot(snapshot_properties=properties).overwrite() as overwrite:
+            for old in _partition_files(table, partition):
+                overwrite.delete_data_file(old)
+            for data_file in new:
+                overwrite.append_data_file(data_file)
 
     def _applied(self, table: Any) -> int:
         from pyiceberg.table.snapshots import ancestors_of
@@ -255,6 +293,18 @@ def load_catalog(properties: Mapping[str, Any]) -> Any:
         if "already exists" not in str(e):
             raise
         return load(name, **properties)
+
+
+def _partition_files(table: Any, partition: Mapping[str, str]) -> list[Any]:
+    """The data files (pyiceberg's ``DataFile``) of ``partition`` in ``table``'s current snapshot."""
+    from pyiceberg.expressions import AlwaysTrue, And, EqualTo
+
+    if table.current_snapshot() is None:
+        return []
+    where: Any = AlwaysTrue()
+    for column, value in partition.items():
+        where = And(where, EqualTo(column, value))
+    return [task.file for task in table.scan(row_filter=where).plan_files()]
 
 
 def _without_retries(table: Any) -> None:

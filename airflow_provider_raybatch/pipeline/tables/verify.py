@@ -4,8 +4,11 @@ What a reader of the partition relies on, beyond what :func:`.commit.verify.veri
 checks of each writer's staging output (every planned range committed once, files as recorded,
 row keys unique): every range of the writer's current generation is in one of its table commits,
 the partition's files in the table's current snapshot are exactly those commits' files (none
-missing, none of an older generation or of a writer that is not ours), and the row key is
-unique over the partition's rows as the table serves them.
+missing, none of an older generation or of a writer that is not ours), the row key is
+unique over the partition's rows as the table serves them, and (Iceberg) each replacement of the
+partition is one snapshot of the table's history: two (pyiceberg's ``delete`` then ``add_files``)
+leave a snapshot in which the partition is empty, which time travel and readers of the snapshots
+see. A Delta replacement is one version by construction (its remove and add actions in one commit).
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ def verify_table(config: BatchInferenceConfig, progress: Callable[[int, int], No
         in_commits = {r for intent in intents for r in intent["ranges"]}
         add_faults(faults, f"{staging}: range(s) in no table commit", sorted(set(plan.range_ids()) - in_commits))
         committed |= {f["path"] for intent in intents for f in intent["files"]}
+        if table.format == "iceberg":
+            faults += [f"{staging}: {fault}" for fault in _replacement_faults(config, relpath, intents)]
 
     in_table = set(open_table_writer(config).partition_files(table.partition))
     add_faults(faults, "file(s) of table commits not in the table's current snapshot", sorted(committed - in_table))
@@ -76,6 +81,26 @@ def verify_table(config: BatchInferenceConfig, progress: Callable[[int, int], No
             ids.extend(pq.read_table(f, columns=[id_column]).column(id_column).to_pylist())
     duplicated = sorted((i for i, n in Counter(ids).items() if n > 1), key=repr)
     add_faults(faults, f"{id_column} value(s) more than once in the partition", [repr(i) for i in duplicated])
+    return faults
+
+
+def _replacement_faults(config: BatchInferenceConfig, writer_id: str, intents: list[dict[str, Any]]) -> list[str]:
+    """The writer's replacements of the partition that are more than one snapshot of the Iceberg
+    table's history (a snapshot expired since is not counted)."""
+    from airflow_provider_raybatch.pipeline.tables.table_commits import open_table_writer
+
+    replacing = [intent["seq"] for intent in intents if intent["replace"]]
+    if not replacing:
+        return []
+    writer = open_table_writer(config, writer_id)
+    faults = []
+    for seq in replacing:
+        operations = writer.snapshots_of(seq)
+        if len(operations) > 1:
+            faults.append(
+                f"table commit {seq} replaced the partition in {len(operations)} snapshots ({', '.join(operations)}): "
+                "readers of the table's history see the partition without its old rows or its new ones between them"
+            )
     return faults
 
 

@@ -23,7 +23,7 @@ from airflow_provider_raybatch.pipeline.tables.verify import verify_table
 from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
 from tests.support.data import assert_exactly_once, features_table, write_input
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, kill_leftovers, run_in_subprocess
-from tests.support.tables import FORMATS, IDENTIFIER, read_table, snapshot_files, table_config, table_spec
+from tests.support.tables import FORMATS, IDENTIFIER, history, read_table, snapshot_files, table_config, table_spec
 
 pytestmark = [pytest.mark.usefixtures("ray_local"), pytest.mark.parametrize("fmt", FORMATS)]
 
@@ -135,18 +135,50 @@ def test_a_try_killed_around_a_table_commit_is_completed_once_by_the_next(tmp_pa
     assert_exactly_once(read_table(tmp_path, fmt), range(400))
 
 
-def test_an_overwrite_killed_before_its_commit_leaves_the_old_rows_then_replaces_them(tmp_path, fmt):
+@pytest.mark.parametrize("point", ["table_intent", "table_commit"])
+def test_an_overwrite_killed_around_its_commit_replaces_the_date_once(tmp_path, fmt, point):
+    # table_intent: decided, not applied (readers still see the old rows); table_commit: applied, the try killed after.
     write_input(tmp_path / "in", [300])
     run_batch_inference(table_config(tmp_path, fmt, keep_columns=["group"], run_key="run-1"))
     before = sorted(snapshot_files(tmp_path, fmt))
     rerun = table_config(tmp_path, fmt, keep_columns=["group"], mode="overwrite", run_key="run-2")
-    run_killed_at(tmp_path, rerun, "table_intent")
-    assert sorted(snapshot_files(tmp_path, fmt)) == before  # readers still see the old rows, all of them
-    assert_exactly_once(read_table(tmp_path, fmt), range(300))
-    run_batch_inference(rerun)  # the retry of the same run resumes its generation and commits it
+    run_killed_at(tmp_path, rerun, point)
+    if point == "table_intent":
+        assert sorted(snapshot_files(tmp_path, fmt)) == before
+        assert_exactly_once(read_table(tmp_path, fmt), range(300))
+    run_batch_inference(rerun)  # the retry of the same run resumes its generation and commits it, or finds it
     after = snapshot_files(tmp_path, fmt)
     assert after and all("/g1/" in f for f in after)
     assert_exactly_once(read_table(tmp_path, fmt), range(300))
+    # The table's log: the first run's commit, then ONE replacement; each version or snapshot holds
+    # the date's rows once (time travel, incremental and change readers never see it empty or doubled).
+    logged = history(tmp_path, fmt, DS)
+    assert len(logged) == 2
+    for rows in logged:
+        assert_exactly_once(rows, range(300))
+    assert verify_table(rerun) == []
+
+
+def test_the_verifier_finds_an_iceberg_replacement_made_in_two_snapshots(tmp_path, fmt, monkeypatch):
+    if fmt == "delta":
+        pytest.skip("a Delta replacement is one version: its remove and add actions are one commit")
+    from pyiceberg.expressions import EqualTo
+
+    from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter
+
+    def delete_then_add(self, table, tx, partition, paths, properties):
+        # As pyiceberg's delete then add_files make it (and this provider did): a DELETE snapshot, then an APPEND.
+        tx.delete(EqualTo("ds", partition["ds"]), snapshot_properties=properties)
+        tx.add_files(paths, snapshot_properties=properties, check_duplicate_files=False)
+
+    write_input(tmp_path / "in", [100])
+    run_batch_inference(table_config(tmp_path, fmt, keep_columns=["group"], run_key="run-1"))
+    rerun = table_config(tmp_path, fmt, keep_columns=["group"], mode="overwrite", run_key="run-2")
+    monkeypatch.setattr(IcebergTableWriter, "_replace", delete_then_add)
+    run_batch_inference(rerun)
+    assert [len(rows) for rows in history(tmp_path, fmt, DS)] == [100, 0, 100]
+    faults = verify_table(rerun)
+    assert len(faults) == 1 and "replaced the partition in 2 snapshots (delete, append)" in faults[0], faults
 
 
 def test_an_overwrite_of_a_date_while_other_dates_backfill_lands_every_date_once(tmp_path, fmt):

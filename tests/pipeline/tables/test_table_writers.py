@@ -133,9 +133,15 @@ def test_a_writer_whose_lease_was_taken_over_commits_nothing(fmt, tmp_path):
     assert rows(fmt, tmp_path) == {"2026-11-24": [0, 1]} and w.applied() == 0
 
 
-def test_a_commit_whose_reply_was_lost_is_found_applied_and_not_repeated(fmt, tmp_path, monkeypatch):
-    w = writer(fmt, tmp_path, "out-24")
-    w.commit(0, [write_file(tmp_path, "2026-11-24", [0, 1], "part-r0")], {"ds": "2026-11-24"}, ["r0"])
+def history(fmt: str, root: Path) -> list[int]:
+    """Every version (Delta) or snapshot id (Iceberg) in the table's log, oldest first."""
+    if fmt == "delta":
+        return list(range(current_version(fmt, root) + 1))
+    return [s.snapshot_id for s in catalog(root).load_table(IDENTIFIER).snapshots()]
+
+
+def lose_the_reply(fmt: str, monkeypatch) -> list[int]:
+    """Make each table commit land and then fail as if its reply were lost; returns the failures."""
     if fmt == "delta":
         from deltalake import DeltaTable as committing
     else:
@@ -150,26 +156,42 @@ def test_a_commit_whose_reply_was_lost_is_found_applied_and_not_repeated(fmt, tm
         raise OSError("Connection reset by peer")  # the store applied the commit; its answer never came
 
     monkeypatch.setattr(committing, method, applied_then_lost)
+    return failures
+
+
+def test_a_commit_whose_reply_was_lost_is_found_applied_and_not_repeated(fmt, tmp_path, monkeypatch):
+    w = writer(fmt, tmp_path, "out-24")
+    w.commit(0, [write_file(tmp_path, "2026-11-24", [0, 1], "part-r0")], {"ds": "2026-11-24"}, ["r0"])
+    failures = lose_the_reply(fmt, monkeypatch)
     second = write_file(tmp_path, "2026-11-24", [2, 3], "part-r1")
     assert w.commit(1, [second], {"ds": "2026-11-24"}, ["r1"]) is False  # read again: it had landed
     assert failures == [1]
     assert rows(fmt, tmp_path) == {"2026-11-24": [0, 1, 2, 3]}
 
 
-def test_replacing_a_date_swaps_its_rows_in_one_commit_and_leaves_other_dates(fmt, tmp_path):
+def test_replacing_a_date_swaps_its_rows_in_one_commit_and_leaves_other_dates(fmt, tmp_path, monkeypatch):
     old = writer(fmt, tmp_path, "run-1/2026-11-24")
     old.commit(0, [write_file(tmp_path, "2026-11-24", [0, 1, 2], "part-old")], {"ds": "2026-11-24"}, ["r0"])
+    old.commit(1, [write_file(tmp_path, "2026-11-24", [3], "part-old-2")], {"ds": "2026-11-24"}, ["r1"])
     writer(fmt, tmp_path, "run-1/2026-11-23").commit(
         0, [write_file(tmp_path, "2026-11-23", [9], "part-other")], {"ds": "2026-11-23"}, ["r0"]
     )
-    before = current_version(fmt, tmp_path)
+    before = history(fmt, tmp_path)
 
     rerun = writer(fmt, tmp_path, "run-2/2026-11-24")
-    new = write_file(tmp_path, "2026-11-24", [10, 11], "part-new")
-    assert rerun.commit(0, [new], {"ds": "2026-11-24"}, ["r0"], replace_partition=True)
-    assert rows(fmt, tmp_path) == {"2026-11-23": [9], "2026-11-24": [10, 11]}
-    # The snapshot before the replacement holds the old rows, none of the new (readers never see a mix).
-    assert rows(fmt, tmp_path, before) == {"2026-11-23": [9], "2026-11-24": [0, 1, 2]}
+    new = [write_file(tmp_path, "2026-11-24", [10, 11], "part-new"), write_file(tmp_path, "2026-11-24", [12], "p")]
+    failures = lose_the_reply(fmt, monkeypatch)  # the replacement lands, its reply is lost: the retry finds it
+    assert rerun.commit(0, new, {"ds": "2026-11-24"}, ["r0", "r1"], replace_partition=True) is False
+    assert failures == [1]
+    assert rows(fmt, tmp_path) == {"2026-11-23": [9], "2026-11-24": [10, 11, 12]}
+    # One version or snapshot replaced the date, and every one in the table's log (what time travel,
+    # incremental and change readers see) holds the date's old rows or its new ones: never none, never a mix.
+    after = history(fmt, tmp_path)
+    assert after[: len(before)] == before and len(after) == len(before) + 1
+    seen = [rows(fmt, tmp_path, version).get("2026-11-24") for version in after]
+    assert seen == [[0, 1, 2]] + [[0, 1, 2, 3]] * (len(before) - 1) + [[10, 11, 12]]
+    if fmt == "iceberg":
+        assert rerun.snapshots_of(0) == ["overwrite"]
 
 
 def test_a_table_with_other_columns_is_refused_naming_them(fmt, tmp_path):
