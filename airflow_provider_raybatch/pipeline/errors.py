@@ -104,6 +104,14 @@ class RowKeyError(StageError, NotRetryableError):
     """The ``id_column`` of a range is not a row key: null or duplicated ids, or a type a stage changed."""
 
 
+class LocalRayDiedError(RayBatchError):
+    """The host's shared local Ray died under the run (its head was killed, e.g. by the out-of-memory killer, or
+    crashed); the message names the head, how it exited and its log.
+
+    Retryable: the committed ranges stay, and the retry starts a new head and resumes after them.
+    """
+
+
 class OutputBusyError(RayBatchError):
     """Another writer holds the output's lease; retrying later may pass once it has finished or died."""
 

@@ -72,6 +72,19 @@ class SlowScore:
         return {"score": batch["features"].sum(axis=1)}
 
 
+class SlowWhileMarked:
+    """Scores, sleeping ``delay_s`` per batch while the marker file exists: a run to fault part-way, whose retry (with
+    the same settings, the marker gone) runs at full speed."""
+
+    def __init__(self, marker: str, delay_s: float = 1.0):
+        self.marker, self.delay_s = marker, delay_s
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if os.path.exists(self.marker):
+            time.sleep(self.delay_s)
+        return {"score": batch["features"].sum(axis=1)}
+
+
 class CommittedSeen:
     """Scores after ``delay_s``, recording how many ranges of ``output`` were committed by then."""
 

@@ -18,7 +18,6 @@ SIGINT at its default action, where ``_thread.interrupt_main()`` does nothing.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import Any
 from airflow_provider_raybatch.pipeline import ray_compat
 from airflow_provider_raybatch.pipeline.config import Stage, TransformStage
 from airflow_provider_raybatch.pipeline.errors import NoProgressError
+from airflow_provider_raybatch.pipeline.runtime.async_raise import raise_in
 from airflow_provider_raybatch.pipeline.summary import Progress
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class Watchdog:
         with self._lock:
             self._left.set()
             if self._interrupted and exc_type is not _Stalled:
-                _raise_in(self._consumer, None)  # left the block before the raise took effect: withdraw it
+                raise_in(self._consumer, None)  # left the block before the raise took effect: withdraw it
         if self._thread is not None:
             self._thread.join(JOIN_S)
         if self.stall is None:
@@ -154,7 +154,7 @@ class Watchdog:
         with self._lock:
             if not self._left.is_set():
                 self._interrupted = True
-                _raise_in(self._consumer, _Stalled)
+                raise_in(self._consumer, _Stalled)
 
     def _last_commit(self) -> str:
         committed = self.progress.skipped + self.progress.done
@@ -193,11 +193,6 @@ class Watchdog:
             if parts:
                 facts.append(f"{label}: {', '.join(parts)}")
         return "; ".join(facts) or "no stage has work in flight (the driver itself is stuck, e.g. writing to storage)"
-
-
-def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
-    """Raise ``exc`` in thread ``thread_id`` when it next runs Python code; None withdraws a pending one."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc else None)
 
 
 def _labels(operators: list[Any], stages: list[Stage]) -> list[str]:

@@ -15,6 +15,7 @@ from airflow_provider_raybatch.pipeline.runtime.reaper import start_reaper
 from airflow_provider_raybatch.pipeline.runtime.shared.auth import restore_auth, use_head_token
 from airflow_provider_raybatch.pipeline.runtime.shared.client import SharedRayClient
 from airflow_provider_raybatch.pipeline.runtime.shared.head import join_shared_head
+from airflow_provider_raybatch.pipeline.runtime.shared.head_watch import HeadWatch
 from airflow_provider_raybatch.pipeline.runtime.shared.settings import (
     LOOPBACK_ENV,
     LocalRaySettings,
@@ -151,7 +152,8 @@ def _shared_session(
                 time.monotonic() - started,
                 joined - started,
             )
-            with _shutdown_after():
+            # Ray's shutdown inside the watch: without a GCS it may wait for it too (see .shared.head_watch).
+            with HeadWatch(client), _shutdown_after():
                 yield client
         finally:
             restore_auth(saved)

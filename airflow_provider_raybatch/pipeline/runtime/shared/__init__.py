@@ -16,6 +16,8 @@ environment (:func:`.settings.head_dir`)::
                       connected task or a warm worker uses it
     warm/<key>.json   the warm workers left for the next task with a runtime_env: how many, until when
     monitor.log, head.log
+    head.exit.json    how the last head that died exited (its log kept as head.exited.log), for the tasks it
+                      failed (:mod:`.head_watch`)
     r/                Ray's temp dir (session_*), given to Ray through a short link where its socket paths
                       would be too long (:func:`.settings.ray_temp_dir`)
 
@@ -34,5 +36,6 @@ Modules: :mod:`.settings` (the mode and its environment variables, the folder's 
 :mod:`.folder` (lock, record, client locks, environments, warm counts), :mod:`.head_processes` (telling the head's processes
 apart, stopping them), :mod:`.client` (a connected task, its workers' environment),
 :mod:`.head` (the task's side: join, start, replace, stop), :mod:`.monitor` (the detached
-monitor), :mod:`.auth` (presenting the head's token).
+monitor), :mod:`.head_watch` (a connected task fails within seconds of the head's death), :mod:`.auth` (presenting
+the head's token).
 """

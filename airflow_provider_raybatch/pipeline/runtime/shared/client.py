@@ -45,6 +45,7 @@ from airflow_provider_raybatch.pipeline.runtime.shared.folder import (
     write_env,
     write_warm,
 )
+from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import alive
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ class SharedRayClient:
         """Leave up to ``count`` warm workers for the next task with this runtime_env, at most
         ``cpus`` for all runtime_envs together; ``start(n, keep_alive_s)`` asks Ray for them.
         Returns how many were started."""
+        if not self.head_alive():  # the run is failing for it (see .head_watch): no raylet to ask
+            return 0
         keep_alive = float(self.record["idle_timeout_s"])
         try:
             with locked(self.root, timeout_s=_WARM_LOCK_S):
@@ -139,6 +142,10 @@ class SharedRayClient:
         except TimeoutError:
             return 0
         return add
+
+    def head_alive(self) -> bool:
+        """Whether the head's process is still the one this task joined (by its pid and start time)."""
+        return alive(self.record.get("head_pid"), self.record.get("head_start"))
 
     def held_by_others(self) -> dict[str, float]:
         """What the other connected tasks took of the head's resources, per resource (a snapshot)."""

@@ -72,6 +72,30 @@ def remove_record(root: Path, monitor_pid: int | None = None) -> None:
             (root / "head.json").unlink()
 
 
+def record_exit(root: Path, record: Mapping[str, Any], returncode: int) -> None:
+    """The monitor's note that the head exited on its own (killed, crashed): ``head.exit.json``, with the head's log
+    kept as ``head.exited.log`` (the next head's start would overwrite ``head.log``). For the tasks that were using
+    the head (:mod:`.head_watch`): only the monitor, its parent, learns how it exited."""
+    kept = root / "head.exited.log"
+    with contextlib.suppress(OSError):
+        os.replace(root / "head.log", kept)
+    note = {"head_pid": record["head_pid"], "head_start": record["head_start"], "returncode": returncode}
+    tmp = root / f"head.exit.json.{os.getpid()}"
+    tmp.write_text(json.dumps({**note, "log": str(kept), "at": time.time()}))
+    os.replace(tmp, root / "head.exit.json")
+
+
+def read_exit(root: Path, record: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The monitor's note of how the head of ``record`` exited (see :func:`record_exit`), or None (not yet, or
+    another head's)."""
+    try:
+        note = json.loads((root / "head.exit.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = (note.get("head_pid"), note.get("head_start")) == (record.get("head_pid"), record.get("head_start"))
+    return note if same else None
+
+
 def _held(path: Path) -> bool:
     """Whether a client lock is held by a live task."""
     try:

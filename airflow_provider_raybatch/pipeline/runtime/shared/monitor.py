@@ -22,6 +22,7 @@ from airflow_provider_raybatch.pipeline.runtime.shared.folder import (
     drop_unused,
     live_clients,
     locked,
+    record_exit,
     remove_record,
     tail,
     write_record,
@@ -114,6 +115,7 @@ def _monitor(root: Path, params: dict[str, Any]) -> int:
         time.sleep(poll_s)
         if head.poll() is not None:
             say(f"the head exited ({head.returncode})")
+            record_exit(root, record, head.returncode)  # first: tasks using the head wait for it to fail
             with locked(root):
                 remove_record(root, me)
                 kill_head(root, None)
