@@ -320,10 +320,12 @@ class OutputLedger(CommitLog):
     def clear_tmp(self) -> None:
         """Remove this writer's temporary folder (the write steps' receipts) once its ranges are all recorded.
 
-        Best effort: the next writer of the scope removes what is left.
+        Best effort: the next writer of the scope removes what is left. Fenced: a writer whose lease
+        was taken over shares the folder with the new holder, whose files are in it now.
         """
         try:
             if ls(self.fs, self.tmp_dir):
+                self.fence()
                 retry_transient(lambda: _remove(self.fs, self.tmp_dir), f"removing {self.tmp_dir}")
         except Exception as e:  # noqa: BLE001
             log.warning("Could not remove the temporary files in %s: %s", self.tmp_dir, e)
