@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
-from airflow_provider_raybatch.pipeline.errors import LeaseLostError, provider_error_in
+from airflow_provider_raybatch.pipeline.errors import LeaseLostError, StoreUnavailableError, provider_error_in
 from airflow_provider_raybatch.pipeline.execution.block_writer import (
     WritingStageWorker,
     write_block,
@@ -278,8 +278,10 @@ def _takeover(run: PreparedRun, error: Exception) -> LeaseLostError | None:
     The takeover is the cause, and its error says so (who took the lease, when); the symptom is
     chained to it.
     """
-    if isinstance(provider_error_in(error), LeaseLostError):
-        return None  # it was fenced before anything else failed: its own error says so
+    if isinstance(provider_error_in(error), (LeaseLostError, StoreUnavailableError)):
+        # Fenced before anything else failed: its own error says so. Or the store kept failing:
+        # reading the lease would wait out another retry budget, to no avail.
+        return None
     try:
         return run.lease.takeover()
     except Exception as e:  # noqa: BLE001 - the lease cannot be read now: the run's own error stands

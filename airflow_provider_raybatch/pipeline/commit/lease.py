@@ -242,9 +242,10 @@ class Lease:
         if current is None:
             who = "someone who then released it"
         else:
+            mine = self.record
             who = (
                 f"{current.holder.describe()} (generation {current.generation}, taken at {_clock(current.taken_at)}; "
-                f"this writer held generation {self.record.generation}, last renewed at {_clock(self.record.heartbeat)})"
+                f"this writer held generation {mine.generation}, last renewed at {_clock(mine.heartbeat)})"
             )
         return LeaseLostError(
             f"the lease on {self.display} was taken over by {who}: this writer commits and removes nothing more "
