@@ -217,8 +217,9 @@ class Lease:
         """Before a commit or a removal: raise :class:`LeaseLostError` unless this writer still holds the lease."""
         if self.record is None:
             raise LeaseLostError(f"no lease held on {self.display}")
-        if (lost := self.takeover()) is not None:
-            raise lost
+        current = self.current()
+        if current is None or current.generation != self.record.generation:
+            raise self._lost(current)
         # A writer paused past the timeout (SIGSTOP, a long GC, a frozen VM) may have been replaced
         # without a newer generation being visible yet: it stops rather than risk a second writer.
         if time.monotonic() - self._renewed > self.timeout_s / 2:
@@ -228,7 +229,8 @@ class Lease:
             )
 
     def takeover(self) -> LeaseLostError | None:
-        """The error naming who took this writer's lease, and when; None while it still holds it.
+        """The error naming who took this writer's lease, and when, if another generation is the
+        lease now; None while this writer holds it (or holds none).
 
         A fenced writer often meets the takeover first as something else (its temporary files
         removed by the new holder's start-up, a write into a folder that is gone): it reports this
@@ -237,8 +239,11 @@ class Lease:
         if self.record is None:
             return None
         current = self.current()
-        if current is not None and current.generation == self.record.generation:
+        if current is None or current.generation == self.record.generation:
             return None
+        return self._lost(current)
+
+    def _lost(self, current: _Record | None) -> LeaseLostError:
         if current is None:
             who = "someone who then released it"
         else:
