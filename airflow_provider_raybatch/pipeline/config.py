@@ -287,7 +287,8 @@ class BatchInferenceConfig:
         if not _is_seconds(self.lease_timeout) or self.lease_timeout < MIN_LEASE_TIMEOUT_S:
             raise ConfigError(
                 f"lease_timeout must be a number of seconds >= {MIN_LEASE_TIMEOUT_S:g}, got {self.lease_timeout!r} "
-                "(a writer heartbeats every lease_timeout/4: shorter ones an object store cannot keep up with)"
+                "(a writer renews its lease every lease_timeout/4 and stops after lease_timeout/2 without "
+                "renewing it: shorter, one slow request to an object store would stop a healthy writer)"
             )
         if self.progress_timeout is not None and not _is_seconds(self.progress_timeout):
             raise ConfigError(
