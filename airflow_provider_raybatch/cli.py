@@ -326,11 +326,12 @@ def _verify(
     partition: dict[str, str] | None,
 ) -> int:
     bar = ProgressBar(sys.stderr) if sys.stderr.isatty() and not args.json else None
+    warnings: list[str] = []  # worth knowing, but no fault: the exit status ignores them
     try:
         if partition is None:
             from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 
-            faults = verify_output(args.output_path, options, bar)
+            faults = verify_output(args.output_path, options, bar, warnings)
             what = "every planned range committed, every file as recorded, row keys unique"
         else:
             from airflow_provider_raybatch.pipeline.tables.verify import table_config, verify_table
@@ -343,12 +344,14 @@ def _verify(
         if bar is not None:
             bar.close()
     if args.json:
-        _print_json({"path": args.output_path, "ok": not faults, "faults": faults})
+        _print_json({"path": args.output_path, "ok": not faults, "faults": faults, "warnings": warnings})
     else:
         for fault in faults:
             print(f"FAULT {fault}")
         if not faults:
             print(f"OK {args.output_path}: {what}")
+        for warning in warnings:
+            print(f"WARNING {warning}")
     return 1 if faults else 0
 
 

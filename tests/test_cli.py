@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +99,25 @@ def test_verify_keeps_its_form_and_answers_json(output):
     result = cli("verify", str(output))
     assert result.returncode == 0 and result.stdout.startswith(f"OK {output}: "), result.stdout + result.stderr
     assert result.stderr == ""  # not a terminal: no progress bar
-    assert json.loads(cli("verify", str(output), "--json").stdout) == {"path": str(output), "ok": True, "faults": []}
+    assert json.loads(cli("verify", str(output), "--json").stdout) == {
+        "path": str(output),
+        "ok": True,
+        "faults": [],
+        "warnings": [],
+    }
+    # An upload that landed after its writer gave up on it: a warning, no fault (no reader sees it).
+    stray = output / "_raybatch" / "tmp" / "part-3.0123abcd.parquet"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"late")
+    try:
+        result = cli("verify", str(output))
+        assert result.returncode == 0 and result.stdout.startswith(f"OK {output}: "), result.stdout
+        assert "\nWARNING 1 stray temporary file(s) that no live writer is writing" in result.stdout
+        assert json.loads(cli("verify", str(output), "--json").stdout)["warnings"][0].endswith(
+            "_raybatch/tmp/part-3.0123abcd.parquet"
+        )
+    finally:
+        shutil.rmtree(stray.parent)
 
 
 def test_the_verifier_reports_its_progress_and_the_bar_draws_only_for_long_outputs(output):

@@ -131,6 +131,7 @@ class RayPipelineOperator(BaseOperator):
     :param lease_timeout: seconds without a heartbeat after which another task may take over the
         output's writer lease from a silent writer (a frozen or lost worker). While a writer's
         lease is live, a second task on the same output fails at once (and retries) naming it.
+        At least 30 s; each writer is judged by its own (recorded with its lease).
     :param progress_timeout: seconds (or a ``timedelta``) in which the pipeline must commit a range
         or deliver a batch (templated: a rendered ``"90"`` is 90, ``"None"`` or ``""`` is None).
         Past it (a predictor hung on a batch) the try fails with a retryable ``NoProgressError``

@@ -19,6 +19,12 @@ ROW_ID_COLUMN = "_row_id"
 #: loaded host or a slow object store never loses a live writer's lease, short enough that a retry
 #: on another host after a lost worker waits only about as long as Airflow's default retry delay.
 DEFAULT_LEASE_TIMEOUT_S = 120.0
+#: The shortest lease_timeout accepted. A writer renews its lease every lease_timeout/4 and stops
+#: by itself once it could not for lease_timeout/2: at 30 s, a heartbeat every 7.5 s and 15 s for a
+#: late one, as long as one stalled request takes to time out in s3fs (its read timeout). Shorter,
+#: a single slow request on a busy object store would stop a healthy writer, and a second writer
+#: could take over a holder that is merely waiting on the store.
+MIN_LEASE_TIMEOUT_S = 30.0
 #: Seconds without a committed range or a batch reaching the driver after which a run fails as
 #: stalled (:mod:`~airflow_provider_raybatch.pipeline.execution.watchdog`): far beyond any sane batch, but
 #: a hung predictor no longer holds a task until ``execution_timeout`` (or forever without one).
@@ -235,7 +241,8 @@ class BatchInferenceConfig:
         input never reached a model and do not count.
     :param try_number: the Airflow try running it, named in the output's writer lease.
     :param lease_timeout: seconds without a heartbeat after which the output's writer lease of a
-        silent writer may be taken over (see :mod:`~airflow_provider_raybatch.pipeline.commit.lease`).
+        silent writer may be taken over (see :mod:`~airflow_provider_raybatch.pipeline.commit.lease`);
+        recorded with the lease, by which others judge this writer; at least :data:`MIN_LEASE_TIMEOUT_S`.
     :param table: the Delta or Iceberg table the output is (``output_path`` is then the table's
         root, or location); None: a Parquet folder.
     :param progress_timeout: seconds in which the pipeline must commit a range or deliver a batch;
@@ -277,8 +284,12 @@ class BatchInferenceConfig:
             raise ConfigError(f"max_rows must be an integer >= 1 or None, got {self.max_rows!r}")
         if self.range_ids is not None and (isinstance(self.range_ids, str) or not self.range_ids):
             raise ConfigError(f"range_ids must be a non-empty list of range ids or None, got {self.range_ids!r}")
-        if not _is_seconds(self.lease_timeout):
-            raise ConfigError(f"lease_timeout must be a number of seconds > 0, got {self.lease_timeout!r}")
+        if not _is_seconds(self.lease_timeout) or self.lease_timeout < MIN_LEASE_TIMEOUT_S:
+            raise ConfigError(
+                f"lease_timeout must be a number of seconds >= {MIN_LEASE_TIMEOUT_S:g}, got {self.lease_timeout!r} "
+                "(a writer renews its lease every lease_timeout/4 and stops after lease_timeout/2 without "
+                "renewing it: shorter, one slow request to an object store would stop a healthy writer)"
+            )
         if self.progress_timeout is not None and not _is_seconds(self.progress_timeout):
             raise ConfigError(
                 f"progress_timeout must be a number of seconds > 0 or None, got {self.progress_timeout!r}"

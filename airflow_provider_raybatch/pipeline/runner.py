@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TransformStage
-from airflow_provider_raybatch.pipeline.errors import provider_error_in
+from airflow_provider_raybatch.pipeline.errors import LeaseLostError, StoreUnavailableError, provider_error_in
 from airflow_provider_raybatch.pipeline.execution.block_writer import (
     WritingStageWorker,
     write_block,
@@ -84,6 +84,8 @@ def run_batch_inference(
             table_version = table.version()
     except BaseException as e:
         _release_frames(e)
+        if isinstance(e, Exception) and (lost := _takeover(run, e)) is not None:
+            raise lost from e
         raise
     finally:
         run.release()
@@ -266,6 +268,25 @@ def _stream(
                 raise
     finally:
         scored.clear()
+
+
+def _takeover(run: PreparedRun, error: Exception) -> LeaseLostError | None:
+    """The takeover of this writer's lease when the run failed after one, else None.
+
+    A fenced writer rarely meets its fence first: the new holder's start-up removes the temporary
+    files it is writing, so it fails on a file that vanished, or a write into a folder that is gone.
+    The takeover is the cause, and its error says so (who took the lease, when); the symptom is
+    chained to it.
+    """
+    if isinstance(provider_error_in(error), (LeaseLostError, StoreUnavailableError)):
+        # Fenced before anything else failed: its own error says so. Or the store kept failing:
+        # reading the lease would wait out another retry budget, to no avail.
+        return None
+    try:
+        return run.lease.takeover()
+    except Exception as e:  # noqa: BLE001 - the lease cannot be read now: the run's own error stands
+        log.warning("Could not read the lease of %s after the run failed: %s", run.ledger.display_path, e)
+        return None
 
 
 def _release_frames(error: BaseException) -> None:

@@ -231,6 +231,25 @@ def test_a_relative_path_fails_the_task_at_once_naming_the_argument(tmp_path):
         operator.execute(context)
 
 
+def test_a_lease_timeout_below_the_floor_fails_the_task_at_once_naming_it(tmp_path):
+    write_input(tmp_path / "in", [10])
+    operator = RayBatchInferenceOperator(
+        task_id="short_lease",
+        predictor="tests.support.predictors:score",
+        input_path=str(tmp_path / "in"),
+        output_path=str(tmp_path / "out"),
+        lease_timeout=2,
+    )
+    context = {
+        "ti": type(
+            "TI", (), {"dag_id": "d", "run_id": "r", "task_id": "short_lease", "map_index": -1, "try_number": 1}
+        )()
+    }
+    with pytest.raises(AirflowFailException, match="lease_timeout must be a number of seconds >= 30, got 2"):
+        operator.execute(context)
+    assert not (tmp_path / "out").exists()
+
+
 def test_resources_rendered_as_text_are_read_as_numbers_and_bad_text_fails_the_task_at_once_naming_it(tmp_path):
     """Without render_template_as_native_obj, "{{ params.batch_size }}" renders as text."""
     write_input(tmp_path / "in", [10])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import signal
 import time
 
@@ -12,12 +14,22 @@ from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusy
 from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.support.data import assert_output_sound, read_output, write_input
+from tests.support.leases import make_stale
 from tests.support.pipeline_runs import commit_count, config, kill_leftovers, run_in_subprocess
+from tests.support.takeover import files_of, takeover_config
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
 #: The first writer's settings (a second writer with the same ones would resume its output).
 SLOW = {"predictor": "tests.support.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.6}}
+
+
+#: The error of a fenced writer: who took its lease over, and when.
+TAKEOVER = (
+    r"the lease on output \S+ was taken over by dag dag_a, run run_1, task score, try 2, pid \d+ on host \S+ "
+    r"\(generation 2, taken at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC; this writer held generation 1, last renewed at "
+    r"[^)]*\): this writer commits and removes nothing more"
+)
 
 
 def start_writer(tmp_path, **config_kwargs):
@@ -37,13 +49,6 @@ def start_writer(tmp_path, **config_kwargs):
         assert time.monotonic() < deadline, "the first writer committed nothing in 120 s"
         time.sleep(0.2)
     return proc
-
-
-def ledger_objects(output) -> list[tuple[str, int]]:
-    """Every object holding commit records (segments and manifest), with its modification time."""
-    meta = output / "_raybatch"
-    paths = [*meta.glob("segments/*.json"), *meta.glob("manifest.json"), *meta.glob("commits/*.json")]
-    return sorted((str(p.relative_to(meta)), p.stat().st_mtime_ns) for p in paths)
 
 
 def finish(proc) -> str:
@@ -86,31 +91,58 @@ def test_an_overwrite_waits_for_the_live_writer_and_then_runs(tmp_path):
     assert_output_sound(tmp_path / "out", range(1200))
 
 
-def test_a_frozen_writer_is_taken_over_and_commits_nothing_after_it_thaws(tmp_path):
+def test_a_frozen_writer_is_taken_over_and_fails_naming_the_takeover_deleting_nothing(tmp_path):
+    """Issue 41: a writer whose lease a second writer took (after its heartbeat went stale) finds on
+    waking that its temporary files are gone (the new holder's start-up removed them). It fails with
+    the takeover as its error (who took the lease, when), not the vanished file, and removes nothing."""
     write_input(tmp_path / "in", [1200])
-    zombie = start_writer(tmp_path, lease_timeout=4.0)
+    output = tmp_path / "out"
+    zombie = start_writer(tmp_path)
     zombie.send_signal(signal.SIGSTOP)  # its worker lost contact: it neither runs nor heartbeats
+    retry = {"run_key": "dag_a/run_1/score/-1", "try_number": 2, **SLOW}
     try:
-        committed_before = commit_count(tmp_path / "out")
-        with pytest.raises(OutputBusyError):
-            run_batch_inference(
-                config(tmp_path, run_key="dag_a/run_1/score/-1", try_number=2, lease_timeout=4.0, **SLOW)
-            )
-        time.sleep(4.5)
-        summary = run_batch_inference(
-            config(tmp_path, run_key="dag_a/run_1/score/-1", try_number=2, lease_timeout=4.0, **SLOW)
-        )
+        committed_before = commit_count(output)
+        # Its heartbeat is recent by its own lease_timeout (120 s): a taker with a shorter one waits too.
+        with pytest.raises(OutputBusyError, match="taken over after 120 s without one"):
+            run_batch_inference(config(tmp_path, lease_timeout=30, **retry))
+        make_stale(output / "_raybatch" / "lease")  # as if it had been frozen for longer than that
+        summary = run_batch_inference(config(tmp_path, **retry))
         assert summary.ranges_skipped == committed_before and summary.ranges_done == 12 - committed_before
-        records = ledger_objects(tmp_path / "out")
+        before = files_of(output)
     finally:
         zombie.send_signal(signal.SIGCONT)
-        output = finish(zombie)
+        output_log = finish(zombie)
     assert zombie.returncode != 0
-    assert LeaseLostError.__name__ in output and "taken over by dag dag_a, run run_1, task score, try 2" in output
-    # The thawed writer published and committed nothing more.
-    assert ledger_objects(tmp_path / "out") == records
-    assert_output_sound(tmp_path / "out", range(1200))
-    assert read_output(tmp_path / "out").num_rows == 1200
+    assert re.search(rf"LeaseLostError: {TAKEOVER}", output_log), output_log
+    # The thawed writer removed, published and committed nothing; its workers' last files, if any
+    # landed, are strays in the temporary folder, which no reader sees and the next run removes.
+    after = files_of(output)
+    assert {name: after.get(name) for name in before} == before
+    assert all(name.startswith("_raybatch/tmp/") for name in after.keys() - before.keys())
+    assert_output_sound(output, range(1200))
+    assert read_output(output).num_rows == 1200
+    assert run_batch_inference(config(tmp_path, run_key="dag_a/run_1/score/-1", try_number=3, **SLOW)).ranges_done == 0
+    assert not (output / "_raybatch" / "tmp").exists()
+
+
+def test_a_writer_whose_files_vanish_in_a_takeover_fails_naming_it_and_deletes_nothing(tmp_path):
+    """Issue 41's sequence: a second writer takes the lease (the first one's heartbeat is stale) and
+    its start-up removes the first writer's temporary files while the first one still runs. The
+    first meets it as a write into a folder that is gone: it fails with the takeover as its error
+    (who, when), that write's error chained to it, and removes nothing."""
+    write_input(tmp_path / "in", [400])
+    output = tmp_path / "out"
+    with pytest.raises(LeaseLostError, match=TAKEOVER) as caught:
+        run_batch_inference(takeover_config(tmp_path, try_number=1))
+    # What it met first is chained to it.
+    assert "cannot write rows" in str(caught.value.__cause__) and "FileNotFoundError" in str(caught.value.__cause__)
+    after_takeover = json.loads((tmp_path / "after_takeover.json").read_text())
+    after = files_of(output)
+    assert {name: after.get(name) for name in after_takeover} == after_takeover
+    assert all(name.startswith("_raybatch/tmp/") for name in after.keys() - after_takeover.keys())
+    summary = run_batch_inference(takeover_config(tmp_path, try_number=3))
+    assert summary.ranges_done + summary.ranges_skipped == 4
+    assert_output_sound(output, range(400))
 
 
 def test_partitions_run_side_by_side_and_exclude_a_whole_output_writer(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, Stage, TransformStage
 from airflow_provider_raybatch.pipeline.config import TableOutput
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from tests.support.predictors import SumModel
 
 
@@ -100,3 +101,16 @@ def test_a_transform_stage_needs_a_concurrency():
     with pytest.raises(ConfigError, match="a transform stage needs its concurrency"):
         TransformStage(lambda stage: stage, concurrency=None).validate()
     Stage("m:P", concurrency=None).validate()  # a batch stage decides it when the run starts
+
+
+@pytest.mark.parametrize("timeout", [2, 29.9, 0, float("nan")])
+def test_a_lease_timeout_below_the_floor_is_refused_naming_it(tmp_path, timeout):
+    """A writer heartbeats every lease_timeout/4: one on an object store cannot keep up with 0.5 s (issue 41)."""
+    cfg = BatchInferenceConfig(
+        str(tmp_path / "in"), str(tmp_path / "out"), [Stage("tests.support.predictors:score")], lease_timeout=timeout
+    )
+    with pytest.raises(ConfigError, match=rf"lease_timeout must be a number of seconds >= 30, got {timeout!r}"):
+        run_batch_inference(cfg)  # refused before anything is planned, leased or written
+    assert not (tmp_path / "out").exists()
+    cfg.lease_timeout = 30
+    cfg.validate()

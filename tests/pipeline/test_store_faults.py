@@ -189,6 +189,46 @@ def test_a_segment_known_not_written_unpublishes_its_ranges_at_once(s3_server, p
     run_task(s3_server, proxy, prefix)
 
 
+@pytest.mark.parametrize("kind", ["error", "error_after"])
+def test_an_overwrite_s_reset_waits_out_deletes_answered_500(s3_server, proxy, monkeypatch, kind):
+    """Issue 41: ``mode="overwrite"`` removes the output's files before its run; deletes answered 500
+    (refused, or applied all the same) are retried within the try, as every write of the protocol is,
+    instead of failing it; a delete retried after it was applied finds the files gone, which is done."""
+    monkeypatch.setenv(STORE_RETRY_ENV, "30")  # the conftest's 3 s is shorter than three backoffs may be
+    prefix = f"reset-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [50, 50])
+    run_batch_inference(task_config(s3_server, proxy, prefix))
+    deletes = proxy.add(kind, method="POST", path=r"\?delete", times=3)
+    overwrite = task_config(s3_server, proxy, prefix)
+    overwrite.mode, overwrite.run_key = "overwrite", f"dag/{prefix}-2/task/-1"
+    summary = run_batch_inference(overwrite)
+    assert deletes.applied == 3
+    assert summary.ranges_done == 2
+    assert_sound(s3_server, prefix, summary)
+
+
+def test_a_data_file_put_that_lands_late_is_reported_by_verify_and_removed_by_the_next_run(s3_server, proxy):
+    """Issue 41: a data file's PUT that lands after its writer gave up on it (s3fs timed it out and
+    the run went on) is an object under ``_raybatch/tmp/`` that no writer will publish. Readers never
+    see it; the verifier reports it (a warning: the output is sound) and the next run removes it."""
+    prefix = f"late-{uuid.uuid4().hex[:8]}"
+    write_input(s3_server, prefix, [50, 50])
+    run_batch_inference(task_config(s3_server, proxy, prefix))
+    fs = s3fs.S3FileSystem(**s3_server, skip_instance_cache=True)
+    late = f"{BUCKET}/{prefix}/out/_raybatch/tmp/part-1.{uuid.uuid4().hex}.parquet"
+    fs.pipe_file(late, fs.cat_file(fs.glob(f"{BUCKET}/{prefix}/out/part-*.parquet")[0]))
+    warnings: list[str] = []
+    assert verify_output(f"s3://{BUCKET}/{prefix}/out", s3_server, warnings=warnings) == []
+    assert warnings == [
+        "1 stray temporary file(s) that no live writer is writing (their writer gave up on them: never read, "
+        f"removed by the next run of the output): _raybatch/tmp/{late.rsplit('/', 1)[1]}"
+    ]
+    summary = run_batch_inference(task_config(s3_server, proxy, prefix))  # a rerun: nothing left to do
+    assert summary.ranges_skipped == 2 and not fs.exists(late)
+    warnings.clear()
+    assert verify_output(f"s3://{BUCKET}/{prefix}/out", s3_server, warnings=warnings) == [] and warnings == []
+
+
 def test_a_lease_created_whose_reply_was_lost_is_the_writers_own(s3_server, proxy):
     """Case 2: the lease's create is applied, its reply dropped; the client retries and the store
     answers 412. The writer reads the lease back, recognises its own generation, and goes on."""

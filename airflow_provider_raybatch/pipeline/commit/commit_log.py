@@ -163,6 +163,8 @@ class CommitLog:
                     # Otherwise the write may have been applied all the same (a store can apply a PUT
                     # and answer 500): the files stay, and the next try finds each range either
                     # recorded with its files or not recorded, and then removes them and redoes it.
+                    # Fenced: once the lease is taken over, these names are the new holder's to write.
+                    self.fence()
                     self._unpublish(failed)
                 ids = [r["range_id"] for r in failed]
                 what = (

@@ -8,9 +8,11 @@ writers racing for it exactly one wins, on every filesystem. The holder rewrites
 generation exists: every commit and every removal first checks that its generation is still the
 highest, and a writer that could not renew within half the timeout stops by itself.
 
-A lease is taken over when its holder released it, when its heartbeat is older than the timeout,
-or at once when its holder was a process on this host that no longer exists (a killed task or
-Ray job driver: its retry need not wait for the timeout).
+A lease is taken over when its holder released it, when its heartbeat is older than the
+holder's own ``lease_timeout`` (recorded with the lease: a taker with a shorter one must not
+judge a holder that heartbeats at its own, slower pace), or at once when its holder was a process
+on this host that no longer exists (a killed task or Ray job driver: its retry need not wait for
+the timeout). :meth:`_Record.is_live` is that rule, for writers and for ``raybatch status`` alike.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
 from airflow_provider_raybatch.pipeline.store.files import create_file, ls, read_json, write_json
 
@@ -98,8 +101,24 @@ class _Record:
     taken_at: float
     heartbeat: float
     released: bool = False
-    #: the holder's lease_timeout, for readers judging its heartbeat (``raybatch status``); None: an older record
+    #: the holder's lease_timeout, by which its heartbeat is judged; None: a record of an older release
     timeout_s: float | None = None
+
+    def timeout(self, default_s: float = DEFAULT_LEASE_TIMEOUT_S) -> float:
+        """The holder's lease_timeout; ``default_s`` for a record without one (an older release's,
+        whose default it was: :data:`.config.DEFAULT_LEASE_TIMEOUT_S` has been 120 s since leases exist)."""
+        return self.timeout_s if self.timeout_s else default_s
+
+    def is_live(self, now: float, default_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> bool:
+        """Whether the holder still counts as writing: not released, not a process of this host that
+        has ended, and a heartbeat within its own timeout (:meth:`timeout`).
+
+        :param now: the time to judge the heartbeat's age at.
+        :param default_timeout_s: the timeout of a record without one.
+        """
+        if self.released or self.holder.is_dead_here():
+            return False
+        return now - self.heartbeat <= self.timeout(default_timeout_s)
 
     @classmethod
     def parse(cls, data: dict[str, Any]) -> _Record:
@@ -112,7 +131,9 @@ class _Record:
 class Lease:
     """One scope's lease (the whole output, or one partition's ranges) in ``folder``.
 
-    :param timeout_s: seconds without a heartbeat after which another writer may take over.
+    :param timeout_s: this writer's lease_timeout, recorded with the lease it takes: seconds without
+        its heartbeat after which another writer may take over. A lease held by another writer is
+        judged by that writer's recorded timeout, not by this one.
     """
 
     def __init__(self, fs: AbstractFileSystem, folder: str, display: str, holder: LeaseHolder, timeout_s: float):
@@ -129,28 +150,29 @@ class Lease:
         return self._live(self.current())
 
     def _live(self, current: _Record | None) -> _Record | None:
-        if current is None or current.released:
+        if current is None:
             return None
-        age = time.time() - current.heartbeat
+        if current.is_live(time.time()):
+            return current
+        if current.released:
+            return None
         if current.holder.is_dead_here():
             log.warning("Lease on %s: its holder (%s) has ended", self.display, current.holder.describe())
-            return None
-        if age > self.timeout_s:
+        else:
             log.warning(
-                "Lease on %s: no heartbeat from %s for %.0f s (lease_timeout=%g s): it may be taken over",
+                "Lease on %s: no heartbeat from %s for %.0f s (its lease_timeout=%g s): it may be taken over",
                 self.display,
                 current.holder.describe(),
-                age,
-                self.timeout_s,
+                time.time() - current.heartbeat,
+                current.timeout(),
             )
-            return None
-        return current
+        return None
 
     def busy_error(self, record: _Record) -> OutputBusyError:
         return OutputBusyError(
             f"{self.display} is being written by {record.holder.describe()} since {_clock(record.taken_at)}; "
-            f"last heartbeat {time.time() - record.heartbeat:.0f} s ago (taken over after {self.timeout_s:g} s "
-            "without one). Two writers at once would mix their results: retry once it has finished."
+            f"last heartbeat {time.time() - record.heartbeat:.0f} s ago (taken over after {record.timeout():g} s "
+            "without one, its lease_timeout). Two writers at once would mix their results: retry once it has finished."
         )
 
     def acquire(self) -> None:
@@ -197,11 +219,7 @@ class Lease:
             raise LeaseLostError(f"no lease held on {self.display}")
         current = self.current()
         if current is None or current.generation != self.record.generation:
-            who = current.holder.describe() if current else "someone who then released it"
-            raise LeaseLostError(
-                f"the lease on {self.display} was taken over by {who}: this writer commits nothing more "
-                "(its committed ranges stand; the new holder finishes the output)"
-            )
+            raise self._lost(current)
         # A writer paused past the timeout (SIGSTOP, a long GC, a frozen VM) may have been replaced
         # without a newer generation being visible yet: it stops rather than risk a second writer.
         if time.monotonic() - self._renewed > self.timeout_s / 2:
@@ -209,6 +227,35 @@ class Lease:
                 f"the lease on {self.display} was not renewed for {time.monotonic() - self._renewed:.0f} s "
                 f"(lease_timeout={self.timeout_s:g} s): another writer may have taken over, so this one stops"
             )
+
+    def takeover(self) -> LeaseLostError | None:
+        """The error naming who took this writer's lease, and when, if another generation is the
+        lease now; None while this writer holds it (or holds none).
+
+        A fenced writer often meets the takeover first as something else (its temporary files
+        removed by the new holder's start-up, a write into a folder that is gone): it reports this
+        instead, so that the cause is named, not its symptom.
+        """
+        if self.record is None:
+            return None
+        current = self.current()
+        if current is None or current.generation == self.record.generation:
+            return None
+        return self._lost(current)
+
+    def _lost(self, current: _Record | None) -> LeaseLostError:
+        if current is None:
+            who = "someone who then released it"
+        else:
+            mine = self.record
+            who = (
+                f"{current.holder.describe()} (generation {current.generation}, taken at {_clock(current.taken_at)}; "
+                f"this writer held generation {mine.generation}, last renewed at {_clock(mine.heartbeat)})"
+            )
+        return LeaseLostError(
+            f"the lease on {self.display} was taken over by {who}: this writer commits and removes nothing more "
+            "(its committed ranges stand; the new holder finishes the output)"
+        )
 
     # --- files --------------------------------------------------------------------------------
 

@@ -320,30 +320,35 @@ class OutputLedger(CommitLog):
     def clear_tmp(self) -> None:
         """Remove this writer's temporary folder (the write steps' receipts) once its ranges are all recorded.
 
-        Best effort: the next writer of the scope removes what is left.
+        Best effort: the next writer of the scope removes what is left. Fenced: a writer whose lease
+        was taken over shares the folder with the new holder, whose files are in it now.
         """
         try:
             if ls(self.fs, self.tmp_dir):
+                self.fence()
                 retry_transient(lambda: _remove(self.fs, self.tmp_dir), f"removing {self.tmp_dir}")
         except Exception as e:  # noqa: BLE001
             log.warning("Could not remove the temporary files in %s: %s", self.tmp_dir, e)
 
     def reset(self) -> None:
         """Remove what this protocol wrote (``mode="overwrite"``): part files, ``_rejects/`` and
-        ``_raybatch/`` except its leases. Anything else in the folder is someone else's and stays."""
-        if not self.fs.isdir(self.root):
+        ``_raybatch/`` except its leases. Anything else in the folder is someone else's and stays.
+
+        Listings and deletes are retried on transient store errors, as every write is; a delete
+        applied whose reply was lost finds the path gone when retried, which counts as done.
+        """
+        entries = {posixpath.basename(p.rstrip("/")): p for p in ls(self.fs, self.root)}
+        if not entries:
             return
         self.fence()
-        doomed = [p for p in self.fs.ls(self.root, detail=False) if _is_part_file(posixpath.basename(p.rstrip("/")))]
-        if self.fs.isdir(self.rejects_dir):
+        doomed = [p for name, p in entries.items() if _is_part_file(name)]
+        if REJECTS_DIR in entries:
             doomed.append(self.rejects_dir)
-        if self.fs.isdir(self.meta):
+        if META_DIR in entries:
             leases = (LEASE_DIR, PARTITION_LEASES_DIR)
-            doomed += [
-                p for p in self.fs.ls(self.meta, detail=False) if posixpath.basename(p.rstrip("/")) not in leases
-            ]
+            doomed += [p for p in ls(self.fs, self.meta) if posixpath.basename(p.rstrip("/")) not in leases]
         for path in doomed:
-            self.fs.rm(path, recursive=True)
+            retry_transient(lambda path=path: _remove(self.fs, path), f"removing {path}")
 
 
 def _remove(fs: AbstractFileSystem, path: str) -> None:

@@ -3,19 +3,25 @@
 What a reader of the output relies on: every committed file is there, a range's files with the
 rows its record names, every record was written under the output's plan (not by a writer of a plan since replaced), no part file is there without a record, every planned range is committed, and the row
 key is unique over the output and its rejects (each input row written exactly once).
+
+Files left under ``_raybatch/tmp/`` by no live writer (a data file whose PUT landed after its
+writer had given up on it, a fenced writer's last files) are reported as a warning, not a fault:
+no reader sees them, and the next run of the output removes them.
 """
 
 from __future__ import annotations
 
 import posixpath
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline.commit.ledger import REJECTS_DIR, OutputLedger
-from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN
+from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
+from airflow_provider_raybatch.pipeline.commit.ledger import PARTITION_LEASES_DIR, REJECTS_DIR, OutputLedger
+from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S, ROW_ID_COLUMN
 
 #: Faults listed per kind before the rest are counted.
 SHOWN = 5
@@ -25,6 +31,7 @@ def verify_output(
     output_path: str,
     storage_options: dict[str, Any] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    warnings: list[str] | None = None,
 ) -> list[str]:
     """The faults of a finished output (empty when it is complete and consistent).
 
@@ -32,6 +39,7 @@ def verify_output(
     :param storage_options: fsspec options for a remote path.
     :param progress: called with (files read, files to read) after each file: reading every file's
         row keys is what takes long on a large output (the command line draws a bar from it).
+    :param warnings: given, what is worth knowing but no fault is appended to it (stray temporary files).
     """
     ledger = OutputLedger.open(output_path, storage_options)
     fs = ledger.fs
@@ -92,7 +100,36 @@ def verify_output(
     add_faults(faults, "file(s) whose rows differ from their record", wrong_rows)
     duplicated = sorted((i for i, n in Counter(ids).items() if n > 1), key=repr)
     add_faults(faults, f"{id_column} value(s) written more than once", [repr(i) for i in duplicated])
+    if warnings is not None:
+        add_faults(
+            warnings,
+            "stray temporary file(s) that no live writer is writing (their writer gave up on them: never "
+            "read, removed by the next run of the output)",
+            stray_temporary_files(ledger),
+        )
     return faults
+
+
+def stray_temporary_files(ledger: OutputLedger) -> list[str]:
+    """The files under ``_raybatch/tmp/`` (relative to the output) whose writer's lease is not live.
+
+    The whole output's writer writes there, a mapped partition's writer in its own subfolder
+    (named as its lease folder): each folder's files are strays unless that lease is live.
+    """
+    fs, tmp = ledger.fs, ledger.tmp_folder()
+    strays = []
+    live: dict[str | None, bool] = {}  # by scope: None for the whole output's writer, else a partition's key
+    for path in sorted(fs.find(tmp)):
+        relpath = posixpath.relpath(path, tmp)
+        scope = relpath.split("/", 1)[0] if "/" in relpath else None
+        if scope not in live:
+            folder = ledger.lease_folder() if scope is None else f"{ledger.meta}/{PARTITION_LEASES_DIR}/{scope}"
+            # A reader's Lease: it only reads the newest generation, never takes it (its timeout is unused).
+            record = Lease(fs, folder, ledger.display_path, LeaseHolder(), DEFAULT_LEASE_TIMEOUT_S).current()
+            live[scope] = record is not None and record.is_live(time.time())
+        if not live[scope]:
+            strays.append(posixpath.relpath(path, ledger.root))
+    return strays
 
 
 def add_faults(faults: list[str], what: str, items: list[str]) -> None:

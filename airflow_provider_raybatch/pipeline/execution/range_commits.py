@@ -327,5 +327,6 @@ class RangeCommits:
         promoted = self.ledger.tmp_file(row_range.id)
         with self.ledger.fs.open(promoted, "wb") as f:
             pq.write_table(table, f)
+        self.ledger.fence()  # a fenced writer removes nothing, not even a file of its own
         self.ledger.fs.rm(path)
         return promoted

@@ -395,8 +395,8 @@ def _lease_status(owner: OutputLedger, folder: str, scope: str, timeout_s: float
         heartbeat_age_s=round(age, 1),
         released=record.released,
         holder_gone=gone,
-        # The holder's own timeout where its record has it; the reader's for an older record.
-        live=not record.released and not gone and age <= (record.timeout_s or timeout_s),
+        # The writers' own rule (the holder's recorded timeout; the reader's for an older record).
+        live=record.is_live(now, timeout_s),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +14,12 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
+from airflow_provider_raybatch.pipeline.prepare import prepare
+from airflow_provider_raybatch.pipeline.status import read_status
 from airflow_provider_raybatch.pipeline.store.files import resolve
+from tests.support.data import write_input
+from tests.support.leases import write_holder
+from tests.support.pipeline_runs import config
 
 
 def lease(path: str, holder: LeaseHolder | None = None, timeout_s: float = 60.0, storage_options=None) -> Lease:
@@ -170,3 +176,45 @@ def test_a_lease_records_its_timeout_and_one_from_a_newer_release_is_still_read(
     second = lease(str(tmp_path / "lease"))
     second.acquire()  # the released lease is read and taken
     second.release()
+
+
+@pytest.fixture(scope="module")
+def planned_output(tmp_path_factory):
+    """An output whose plan is recorded (what ``raybatch status`` reads), its lease given back."""
+    tmp_path = tmp_path_factory.mktemp("planned")
+    write_input(tmp_path / "in", [100])
+    prepare(config(tmp_path)).release()
+    return tmp_path / "out"
+
+
+#: (holder's recorded lease_timeout or None for an older release's record, its heartbeat's age,
+#: the taker's lease_timeout, whether the holder is live). The holder's own timeout decides, in
+#: both directions; a record without one is judged by DEFAULT_LEASE_TIMEOUT_S (120 s).
+MATRIX = [
+    (600, 100, 30, True),  # a slow-beating holder, a taker with a short timeout: not taken (issue 41)
+    (600, 700, 30, False),
+    (600, 700, 3600, False),  # stale by its own timeout, whatever the taker's
+    (30, 20, 3600, True),
+    (30, 60, 3600, False),
+    (None, 100, 30, True),
+    (None, 200, 3600, False),
+    (None, 200, 30, False),
+]
+
+
+@pytest.mark.parametrize(("holder_timeout", "age", "taker_timeout", "live"), MATRIX)
+def test_a_holder_is_judged_by_its_own_timeout_by_takers_and_status_alike(
+    planned_output, holder_timeout, age, taker_timeout, live
+):
+    folder = planned_output / "_raybatch" / "lease"
+    shutil.rmtree(folder, ignore_errors=True)
+    write_holder(folder, age, holder_timeout)
+    assert read_status(str(planned_output)).lease.live is live
+    taker = lease(str(folder), LeaseHolder(run_key="dag_a/run_1/score/-1", try_number=2), timeout_s=taker_timeout)
+    if live:
+        with pytest.raises(OutputBusyError, match=rf"on host worker-7 .*taken over after {holder_timeout or 120:g} s"):
+            taker.acquire()
+    else:
+        taker.acquire()
+        assert taker.record.generation == 2
+        taker.release()

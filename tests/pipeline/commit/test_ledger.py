@@ -167,6 +167,12 @@ def test_a_writer_that_lost_its_lease_writes_no_record_and_folds_nothing(tmp_pat
         ledger.finish()
     assert sorted(segments.iterdir()) == before and not (tmp_path / "out" / "_raybatch" / "manifest.json").exists()
     assert sorted(OutputLedger.open(str(tmp_path / "out")).committed()) == ["r1"]
+    # Nor does it remove the temporary folder it shares with the new holder, whose files are in it now.
+    theirs = ledger.tmp_file("r3")
+    with open(theirs, "wb"):
+        pass
+    ledger.clear_tmp()
+    assert os.path.exists(theirs)
 
 
 def test_a_reader_never_misses_a_record_while_the_writer_merges_and_folds(tmp_path):

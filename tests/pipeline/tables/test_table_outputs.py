@@ -22,6 +22,7 @@ from airflow_provider_raybatch.pipeline.tables.table_commits import open_table_w
 from airflow_provider_raybatch.pipeline.tables.verify import verify_table
 from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
 from tests.support.data import assert_exactly_once, features_table, write_input
+from tests.support.leases import make_stale
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, kill_leftovers, run_in_subprocess
 from tests.support.tables import FORMATS, IDENTIFIER, history, read_table, snapshot_files, table_config, table_spec
 
@@ -217,9 +218,7 @@ def test_a_frozen_writer_of_a_date_is_taken_over_and_commits_nothing_after_it_th
         pytest.skip("the takeover is format-independent: covered by the delta run")
     write_input(tmp_path / "in", [800])
     slow = {"predictor": "tests.support.predictors:SlowScore", "predictor_kwargs": {"delay_s": 0.4}}
-    cfg = table_config(
-        tmp_path, fmt, keep_columns=["group"], run_key="daily/run-1", lease_timeout=4.0, batch_size=100, **slow
-    )
+    cfg = table_config(tmp_path, fmt, keep_columns=["group"], run_key="daily/run-1", batch_size=100, **slow)
     zombie = run_in_subprocess(
         tmp_path,
         slow["predictor"],
@@ -230,7 +229,6 @@ def test_a_frozen_writer_of_a_date_is_taken_over_and_commits_nothing_after_it_th
         keep_columns=["group"],
         run_key="daily/run-1",
         try_number=1,
-        lease_timeout=4.0,
         table={**table_spec(cfg), "commit_interval": 0.5},
     )
     try:
@@ -242,7 +240,9 @@ def test_a_frozen_writer_of_a_date_is_taken_over_and_commits_nothing_after_it_th
         zombie.send_signal(signal.SIGSTOP)  # its worker lost contact: it neither runs nor heartbeats
         with pytest.raises(OutputBusyError, match="writer 'daily.score'"):
             run_batch_inference(dataclasses.replace(cfg, try_number=2))
-        time.sleep(4.5)
+        # As if it had been frozen past its lease_timeout: the writer's lease folder holds its lease.
+        (lease_folder,) = tmp_path.glob("table/**/_raybatch/lease")
+        make_stale(lease_folder)
         run_batch_inference(dataclasses.replace(cfg, try_number=2))
         made = intents(tmp_path)
     finally:
