@@ -417,7 +417,8 @@ class RayPipelineOperator(BaseOperator):
         (as ``on_kill`` does), so that no writer goes on unseen while Airflow calls the task failed.
         """
         ti = context["ti"]
-        if self.submission_id is not None and not (self.retries and ti.try_number <= ti.max_tries):
+        last_try = not (self.retries and ti.try_number <= ti.max_tries)
+        if last_try and self.submission_id is not None and self.hook.cluster is not None:
             try:
                 stopped = self.hook.stop_job(self.submission_id)
                 self.log.warning(

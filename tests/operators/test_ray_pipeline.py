@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
@@ -27,7 +29,11 @@ def operator() -> RayBatchInferenceOperator:
 )
 def test_a_wait_that_did_not_see_the_job_end_fails_the_try_with_its_message(event, error):
     op = operator()
+    op.retries = 1
+    # A try with a retry left: the next try reattaches to the job (the last try stops it first:
+    # tests/operators/test_ray_pipeline_outages.py).
+    context = {"ti": SimpleNamespace(try_number=1, max_tries=1)}
     with pytest.raises(error) as raised:
-        op.execute_complete({}, {"submission_id": "raybatch-x-0", **event})
+        op.execute_complete(context, {"submission_id": "raybatch-x-0", **event})
     assert type(raised.value) is error and str(raised.value) == event["message"]
     assert op.submission_id == "raybatch-x-0"
