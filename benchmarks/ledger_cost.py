@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import _encode
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
@@ -41,8 +42,8 @@ from benchmarks.support.results import Results
 BUCKET = "raybatch-bench"
 
 
-def record(range_id: str) -> dict[str, Any]:
-    return {"range_id": range_id, "files": [f"part-{range_id}.parquet"], "rows": 100_000}
+def record(range_id: str) -> CommitRecord:
+    return CommitRecord(range_id, (f"part-{range_id}.parquet",), 100_000)
 
 
 def range_ids(n: int) -> list[str]:
@@ -60,7 +61,7 @@ def write_layout_1(url: str, options: dict[str, Any] | None, ids: list[str]) -> 
     """Setup, not measured: N record files, written in parallel without fsync."""
     ledger = fresh_ledger(url, options)
     ledger.fs.makedirs(ledger.commits_dir, exist_ok=True)
-    payloads = {f"{ledger.commits_dir}/{i}.json": json.dumps(record(i)).encode() for i in ids}
+    payloads = {f"{ledger.commits_dir}/{i}.json": json.dumps(record(i).to_json()).encode() for i in ids}
     if hasattr(ledger.fs, "pipe") and ledger.fs.protocol != "file" and "file" not in ledger.fs.protocol:
         ledger.fs.pipe(payloads)  # s3fs uploads them concurrently
         return

@@ -25,6 +25,7 @@ import statistics
 import time
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
@@ -75,8 +76,9 @@ def write_output(
         # A reject every 50 ranges, so that the rejects' figures are summed too.
         ledger.record(
             [
-                {"range_id": r, "files": [f"part-{r}.parquet"], "rows": ROWS_PER_RANGE, "plan": ledger.plan_id}
-                | ({"rejected": 1, "engine_errors": 1, "rows": ROWS_PER_RANGE - 1} if n % 50 == 0 else {})
+                CommitRecord(r, (f"part-{r}.parquet",), ROWS_PER_RANGE, plan=ledger.plan_id)
+                if n % 50
+                else CommitRecord(r, (f"part-{r}.parquet",), ROWS_PER_RANGE - 1, 1, 1, plan=ledger.plan_id)
                 for n, r in enumerate(batch, start)
             ]
         )
@@ -90,10 +92,7 @@ def finish(ledger: OutputLedger, lease: Lease, ranges: int, per_segment: int) ->
     left = [r for r in ids if r not in committed]
     for start in range(0, len(left), per_segment):
         ledger.record(
-            [
-                {"range_id": r, "files": [f"part-{r}.parquet"], "rows": ROWS_PER_RANGE}
-                for r in left[start : start + per_segment]
-            ]
+            [CommitRecord(r, (f"part-{r}.parquet",), ROWS_PER_RANGE) for r in left[start : start + per_segment]]
         )
     ledger.finish()
     lease.release()

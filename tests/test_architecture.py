@@ -101,8 +101,8 @@ def test_code_that_runs_on_ray_imports_no_airflow_module_of_the_provider(layer):
 #: Ray nothing of commits, the commit protocol nothing of Ray Data, and nothing below runs a task.
 PIPELINE_LAYERS = [
     ("store", "errors", "columns", "ray_compat", "resources", "config"),
-    ("runtime", "planning", "summary"),
-    ("commit", "tables", "status"),
+    ("runtime", "planning"),
+    ("commit", "tables", "status", "summary"),
     ("execution",),
     ("output_location", "prepare", "partitions", "runner", "job"),
 ]

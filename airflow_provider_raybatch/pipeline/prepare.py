@@ -12,11 +12,12 @@ import dataclasses
 import logging
 import posixpath
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fsspec import AbstractFileSystem
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import PER_RANGE_RECORDS, PLAN_VERSION, SEGMENT_FANOUT
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
@@ -59,7 +60,7 @@ class PreparedRun:
 
     plan: Plan
     ledger: OutputLedger
-    committed: dict[str, dict[str, Any]]
+    committed: dict[str, CommitRecord]
     keep: list[str]
     in_fs: AbstractFileSystem
     lease: Lease
@@ -249,7 +250,7 @@ def _keep_columns(config: BatchInferenceConfig, plan: Plan) -> list[str]:
     return keep
 
 
-def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
+def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, CommitRecord]:
     """Check the output folder against the plan (recording it if new) and return its committed ranges."""
     recorded = ledger.load_plan()
     if recorded is not None:
@@ -276,7 +277,7 @@ def _open_output(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger)
 
     if recorded is None:
         ledger.write_plan(PlanRecord(config.input_path, plan.describe(), config.job_signature(), config.run_key))
-        committed: dict[str, dict[str, Any]] = {}
+        committed: dict[str, CommitRecord] = {}
     elif recorded.version == PER_RANGE_RECORDS:
         # An output of layout 1, checked above against the same input and settings: from now on
         # its records are read from one manifest instead of a file per range.
@@ -305,7 +306,7 @@ def _refuse_foreign(config: BatchInferenceConfig, ledger: OutputLedger) -> None:
         )
 
 
-def _open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, dict[str, Any]]:
+def _open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, CommitRecord]:
     """Check an output planned by ``plan_partitions``; return this partition's committed ranges.
 
     Never writes the plan nor resets the output (``mode`` was applied by the planning step):
@@ -341,8 +342,8 @@ def _differences(config: BatchInferenceConfig, plan: Plan, recorded: PlanRecord)
 
 
 def _reconcile(
-    ledger: OutputLedger, committed: dict[str, dict[str, Any]], range_ids: list[str] | None
-) -> dict[str, dict[str, Any]]:
+    ledger: OutputLedger, committed: dict[str, CommitRecord], range_ids: list[str] | None
+) -> dict[str, CommitRecord]:
     """The records that stand (their files are there); files of uncommitted ranges removed."""
     standing, removed = ledger.reconcile(committed, range_ids)
     if removed:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.errors import TooManyErrorsError
 from airflow_provider_raybatch.pipeline.planning.planner import Plan
 from airflow_provider_raybatch.pipeline.store.retries import seconds_from_env
@@ -126,14 +126,14 @@ class Progress:
     of commits does not fill the log.
     """
 
-    def __init__(self, plan: Plan, committed: Mapping[str, Mapping[str, Any]]):
+    def __init__(self, plan: Plan, committed: Mapping[str, CommitRecord]):
         self.plan = plan
         self.started = time.monotonic()
         self.last_log = self.started
         self.skipped = len(committed)
-        self.rows_out = sum(r["rows"] for r in committed.values())
-        self.rows_rejected = sum(r.get("rejected", 0) for r in committed.values())
-        self.engine_errors = sum(r.get("engine_errors", 0) for r in committed.values())
+        self.rows_out = sum(r.rows for r in committed.values())
+        self.rows_rejected = sum(r.rejected for r in committed.values())
+        self.engine_errors = sum(r.engine_errors for r in committed.values())
         #: Prompt and generated tokens of the committed ranges (None: none counted), and the
         #: generated tokens of this run's commits.
         self.tokens_in, self.tokens_out = token_totals(committed.values())
@@ -159,16 +159,16 @@ class Progress:
         """Rows of this run through the last stage: as its replicas report them, or written, or committed."""
         return max(self._scored(), self.rows_written, self.rows_processed)
 
-    def committed(self, index: int, record: Mapping[str, Any] | None = None) -> None:
+    def committed(self, index: int, record: CommitRecord | None = None) -> None:
         """Count the range ``index`` of the plan as committed, by its commit record (None: all its rows out)."""
-        record = record or {"rows": self.plan.ranges[index].rows}
-        rows, rejected = record["rows"], record.get("rejected", 0)
-        self.last_commit = (self.plan.ranges[index].id, time.monotonic())
+        row_range = self.plan.ranges[index]
+        record = record or CommitRecord(row_range.id, (), row_range.rows)
+        self.last_commit = (row_range.id, time.monotonic())
         self.done += 1
-        self.rows_processed += rows + rejected
-        self.rows_out += rows
-        self.rows_rejected += rejected
-        self.engine_errors += record.get("engine_errors", 0)
+        self.rows_processed += record.input_rows
+        self.rows_out += record.rows
+        self.rows_rejected += record.rejected
+        self.engine_errors += record.engine_errors
         tokens_in, tokens_out = token_totals([record])
         if tokens_in is not None or tokens_out is not None:
             self.tokens_in = (self.tokens_in or 0) + (tokens_in or 0)
@@ -274,11 +274,11 @@ class Progress:
         )
 
 
-def token_totals(records: Iterable[Mapping[str, Any]]) -> tuple[int | None, int | None]:
+def token_totals(records: Iterable[CommitRecord]) -> tuple[int | None, int | None]:
     """Prompt and generated tokens of commit records (None where no record counted them)."""
     totals: list[int | None] = [None, None]
     for record in records:
-        for i, key in enumerate(TOKEN_KEYS):
-            if key in record:
-                totals[i] = (totals[i] or 0) + record[key]
+        for i, count in enumerate(record.tokens):
+            if count is not None:
+                totals[i] = (totals[i] or 0) + count
     return totals[0], totals[1]

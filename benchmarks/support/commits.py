@@ -4,12 +4,15 @@ to the first committed range, the steady rate between the first and the last).""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 
 MIN_COMMITS_FOR_RATE = 5  # fewer commits arrive too close together to give a meaningful rate
 
 
-def commit_records(output: Path) -> list[dict[str, Any]]:
+def commit_records(output: Path) -> list[CommitRecord]:
     """The output's commit records, as its ledger reads them (also while a run writes them)."""
     from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 
@@ -23,7 +26,7 @@ def commit_timeline(output: Path, started_at: float) -> dict[str, Any]:
     cost a task pays before any result is safe); ``steady_rows_per_s``: the rate between the
     first and the last commit, i.e. the pipeline's speed once running.
     """
-    records = [(r["committed_at"], r["rows"]) for r in commit_records(output) if "committed_at" in r]
+    records = [(r.committed_at, r.rows) for r in commit_records(output) if r.committed_at is not None]
     records = sorted(r for r in records if r[0] >= started_at)
     if not records:
         return {}

@@ -181,7 +181,7 @@ def test_a_killed_first_try_resumes_exactly_once_from_the_json_spec(tmp_path, ti
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
     out = tmp_path / "out"
     assert commit_count(out) == 1  # the second range's files were published, not committed
-    committed = {f for r in OutputLedger.open(str(out)).committed().values() for f in r["files"]}
+    committed = {f for r in OutputLedger.open(str(out)).committed().values() for f in r.files}
     published = {str(p.relative_to(out)) for p in [*out.glob("part-*"), *out.glob("_rejects/part-*")]}
     assert committed < published  # the uncommitted files (output and rejects) are removed on resume
     summary = run_batch_inference(cfg)

@@ -189,7 +189,7 @@ def test_a_range_committed_under_a_replaced_plan_is_found_by_the_verifier_and_re
 
     # The stale writer commits its result of one range, over the new plan's file of that range.
     range_id, record = sorted(OutputLedger.open(str(output)).committed().items())[0]
-    table = pq.read_table(output / record["files"][0])
+    table = pq.read_table(output / record.files[0])
     tmp = stale.tmp_file(range_id)
     with stale.fs.open(tmp, "wb") as f:
         old_result = pa.array([-1.0] * len(table), table.schema.field("biased").type)

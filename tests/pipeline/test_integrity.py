@@ -347,5 +347,5 @@ def test_a_full_disk_names_the_output_and_the_range_and_keeps_what_was_committed
     faults = verify_output(str(output))
     assert faults and all(re.match(r"\d+ planned range\(s\) not committed", f) for f in faults), faults
     ids = read_output(output)["id"].to_pylist()
-    assert len(ids) == len(set(ids)) == sum(r["rows"] for r in committed.values())
+    assert len(ids) == len(set(ids)) == sum(r.rows for r in committed.values())
     assert set(ids) <= set(range(60_000))

@@ -61,9 +61,9 @@ def test_rejected_rows_go_to_rejects_with_reason_and_skip_later_stages(tmp_path)
     assert summary.engine_errors == 2 and summary.rows_processed == 380
     # Each commit record names both files of its range.
     record = OutputLedger.open(str(out)).committed()[accepted_range_id(out)]
-    assert sorted(record["files"]) == [
-        f"_rejects/part-{record['range_id']}.parquet",
-        f"part-{record['range_id']}.parquet",
+    assert sorted(record.files) == [
+        f"_rejects/part-{record.range_id}.parquet",
+        f"part-{record.range_id}.parquet",
     ]
     assert run_batch_inference(cfg).rows_rejected == len(invalid) + 2  # a rerun counts the committed rejects
 

@@ -87,7 +87,7 @@ def test_the_first_range_is_recorded_at_once_and_the_others_in_batches(tmp_path,
     monkeypatch.setenv(RECORD_INTERVAL_ENV, "60")
     write_input(tmp_path / "in", [400])
     run_batch_inference(config(tmp_path))
-    times = sorted(r["committed_at"] for r in OutputLedger.open(str(tmp_path / "out")).committed().values())
+    times = sorted(r.committed_at for r in OutputLedger.open(str(tmp_path / "out")).committed().values())
     assert len(times) == 4 and times[0] < times[1] == times[3]
 
 
@@ -473,8 +473,8 @@ def as_layout_1(output: Path, keep: int) -> list[str]:
     committed = OutputLedger.open(str(output)).committed()
     (meta / "commits").mkdir()
     for range_id in [r.id for r in ranges][:keep]:
-        record = {k: v for k, v in committed[range_id].items() if k not in ("committed_at", "plan")}
-        (meta / "commits" / f"{range_id}.json").write_text(json.dumps(record))
+        record = dataclasses.replace(committed[range_id], committed_at=None, plan=None)
+        (meta / "commits" / f"{range_id}.json").write_text(json.dumps(record.to_json()))
     (meta / "manifest.json").unlink()
     return [r.id for r in ranges]
 

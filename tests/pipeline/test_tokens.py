@@ -46,7 +46,7 @@ def test_tokens_are_counted_once_per_committed_row_across_a_kill_and_a_resume(tm
     crashed = run_spec_in_subprocess(cfg, {"RAYBATCH_TEST_CRASH": "committed:1", **RECORD_EACH_RANGE})
     assert crashed.returncode == -signal.SIGKILL, crashed.stdout[-2000:] + crashed.stderr[-3000:]
     first = OutputLedger.open(str(tmp_path / "out")).committed()
-    assert list(first) and all(r["tokens_in"] > 0 for r in first.values())  # the killed try's range, counted
+    assert list(first) and all(r.tokens_in > 0 for r in first.values())  # the killed try's range, counted
 
     with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch"):
         summary = run_batch_inference(cfg)
@@ -55,10 +55,10 @@ def test_tokens_are_counted_once_per_committed_row_across_a_kill_and_a_resume(tm
     assert (summary.tokens_in, summary.tokens_out) == expected(range(300))
     records = OutputLedger.open(str(tmp_path / "out")).committed()
     for record in records.values():
-        start, end = (int(x) for x in record["range_id"].rsplit("-", 2)[-2:])
-        assert (record["tokens_in"], record["tokens_out"]) == expected(range(start, end))
+        start, end = (int(x) for x in record.range_id.rsplit("-", 2)[-2:])
+        assert record.tokens == expected(range(start, end))
     resumed = [r for r in records if r not in first]
-    assert summary.tokens_out_processed == sum(records[r]["tokens_out"] for r in resumed)
+    assert summary.tokens_out_processed == sum(records[r].tokens_out for r in resumed)
     assert summary.to_dict()["tokens_per_second"] > 0
     status = read_status(str(tmp_path / "out"))
     assert (status.tokens_in, status.tokens_out) == expected(range(300))
@@ -71,5 +71,5 @@ def test_an_output_without_token_counts_records_none(tmp_path):
     write_input(tmp_path / "in", [100])
     summary = run_batch_inference(config(tmp_path))
     assert summary.tokens_in is None and "tokens_in" not in summary.to_dict()
-    assert all("tokens_in" not in r for r in OutputLedger.open(str(tmp_path / "out")).committed().values())
+    assert all(r.tokens == (None, None) for r in OutputLedger.open(str(tmp_path / "out")).committed().values())
     assert read_status(str(tmp_path / "out")).tokens_in is None

@@ -193,14 +193,16 @@ class RangeByRangeWriter:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
         from benchmarks.status import ROWS_PER_RANGE
 
         for range_id in self.ids:
             if self.stop.wait(self.interval_s):
                 return
-            tokens = {"tokens_in": ROWS_PER_RANGE * TOKENS_PER_ROW[0], "tokens_out": ROWS_PER_RANGE * TOKENS_PER_ROW[1]}
+            tokens_in, tokens_out = (ROWS_PER_RANGE * n for n in TOKENS_PER_ROW)
+            files = (f"part-{range_id}.parquet",)
             self.ledger.record(
-                [{"range_id": range_id, "files": [f"part-{range_id}.parquet"], "rows": ROWS_PER_RANGE, **tokens}]
+                [CommitRecord(range_id, files, ROWS_PER_RANGE, tokens_in=tokens_in, tokens_out=tokens_out)]
             )
             self.committed += 1
 

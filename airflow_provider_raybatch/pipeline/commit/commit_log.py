@@ -34,13 +34,13 @@ import logging
 import posixpath
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, RayBatchError
 from airflow_provider_raybatch.pipeline.store.files import absent, exists, ls, read_json, write_json
 
@@ -94,7 +94,7 @@ class CommitLog:
         #: Called before every publish, commit record and removal: raises once this writer lost its lease.
         self.fence: Callable[[], None] = lambda: None
 
-    def committed(self) -> dict[str, dict[str, Any]]:
+    def committed(self) -> dict[str, CommitRecord]:
         """Range id -> commit record, for every committed range (from the manifest, the segments
         and the per-range records of layout version 1).
 
@@ -108,7 +108,7 @@ class CommitLog:
                 self.fs.invalidate_cache(self.meta)
         return self._read_records()[0]
 
-    def _read_records(self) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    def _read_records(self) -> tuple[dict[str, CommitRecord], list[str]]:
         """Every commit record, and the segments and per-range record files they were read from."""
         # Listed before the manifest is read: a fold writes the manifest before it deletes what it
         # folded, so a record is in the manifest read or in a listed object (or its read fails,
@@ -117,7 +117,7 @@ class CommitLog:
             kind: _json_files(self.fs, folder)
             for kind, folder in (("records", self.commits_dir), ("segments", self.segments_dir))
         }
-        records: dict[str, dict[str, Any]] = {}
+        records: dict[str, CommitRecord] = {}
         scopes: dict[str, str] = {}
         read = {"manifest": 0, "segments": 0, "records": 0}
         if exists(self.fs, self.manifest_path):
@@ -126,7 +126,7 @@ class CommitLog:
         for kind, paths in listed.items():
             with ThreadPoolExecutor(max_workers=16) as pool:
                 for path, data in zip(paths, pool.map(lambda p: read_json(self.fs, p), paths), strict=True):
-                    found = _decode(data) if kind == "segments" else {data["range_id"]: data}
+                    found = _decode(data) if kind == "segments" else {data["range_id"]: CommitRecord.from_json(data)}
                     _add_records(records, found)
                     if kind == "segments":
                         scope = posixpath.basename(path).split(".", 1)[0]
@@ -137,7 +137,7 @@ class CommitLog:
         self._segments_seen = self._segments_seen or bool(read["segments"])
         return records, listed["records"] + listed["segments"]
 
-    def record(self, records: list[dict[str, Any]]) -> None:
+    def record(self, records: list[CommitRecord]) -> None:
         """Write the records of published ranges durably: then, and only then, are they committed.
 
         Layout 2: one new segment holding them all (then this writer's segments are merged where a
@@ -149,10 +149,10 @@ class CommitLog:
             return
         self.fence()
         if self.version == PER_RANGE_RECORDS:
-            writes = [(f"{self.commits_dir}/{r['range_id']}.json", r, [r]) for r in records]
+            writes = [(f"{self.commits_dir}/{r.range_id}.json", r.to_json(), [r]) for r in records]
         else:
             now = round(time.time(), 3)
-            writes = [(self._segment_path(0), _encode([{**r, "committed_at": now} for r in records]), records)]
+            writes = [(self._segment_path(0), _encode([r.committed(now) for r in records]), records)]
         for done, (path, payload, _) in enumerate(writes):
             try:
                 write_json(self.fs, path, payload, compact=self.version != PER_RANGE_RECORDS)
@@ -166,7 +166,7 @@ class CommitLog:
                     # Fenced: once the lease is taken over, these names are the new holder's to write.
                     self.fence()
                     self._unpublish(failed)
-                ids = [r["range_id"] for r in failed]
+                ids = [r.range_id for r in failed]
                 what = (
                     f"range {ids[0]}"
                     if len(ids) == 1
@@ -184,13 +184,13 @@ class CommitLog:
         self._seq += 1
         return f"{self.segments_dir}/{self.scope}.{self.writer_id}.{level}.{self._seq:08d}.json"
 
-    def _write_segment(self, level: int, records: list[dict[str, Any]]) -> None:
+    def _write_segment(self, level: int, records: list[CommitRecord]) -> None:
         path = self._segment_path(level)
         write_json(self.fs, path, _encode(records), compact=True)
         self._levels.setdefault(level, []).append(path)
 
-    def _unpublish(self, records: list[dict[str, Any]]) -> None:
-        for name in (name for record in records for name in record["files"]):
+    def _unpublish(self, records: list[CommitRecord]) -> None:
+        for name in (name for record in records for name in record.files):
             with contextlib.suppress(OSError):
                 self.fs.rm(f"{self.root}/{name}")
 
@@ -204,7 +204,7 @@ class CommitLog:
             while level in self._levels:
                 paths = self._levels[level]
                 if len(paths) >= fanout:
-                    records: dict[str, dict[str, Any]] = {}
+                    records: dict[str, CommitRecord] = {}
                     for path in paths:
                         records.update(_decode(read_json(self.fs, path)))
                     self.fence()
@@ -236,7 +236,7 @@ class CommitLog:
         paths = [p for p in _json_files(self.fs, self.segments_dir) if posixpath.basename(p).startswith(prefix)]
         if len(paths) < 2:
             return
-        records: dict[str, dict[str, Any]] = {}
+        records: dict[str, CommitRecord] = {}
         for path in paths:
             records.update(_decode(read_json(self.fs, path)))
         self.fence()
@@ -270,12 +270,12 @@ class CommitLog:
         self._levels = {}
         self._segments_seen = False
 
-    def write_manifest(self, records: dict[str, dict[str, Any]]) -> None:
+    def write_manifest(self, records: dict[str, CommitRecord]) -> None:
         """Write ``records`` (range id -> record) as the manifest, replacing the one there."""
         write_json(self.fs, self.manifest_path, _encode(records.values()), compact=True)
 
 
-def _add_records(records: dict[str, dict[str, Any]], found: dict[str, dict[str, Any]]) -> None:
+def _add_records(records: dict[str, CommitRecord], found: dict[str, CommitRecord]) -> None:
     """Add ``found`` to ``records``; of two records of one range, the later committed wins.
 
     A range has two records when a write whose outcome was unknown was applied after all, and a
@@ -284,7 +284,7 @@ def _add_records(records: dict[str, dict[str, Any]], found: dict[str, dict[str, 
     """
     for range_id, record in found.items():
         known = records.get(range_id)
-        if known is None or record.get("committed_at", 0) >= known.get("committed_at", 0):
+        if known is None or (record.committed_at or 0) >= (known.committed_at or 0):
             records[range_id] = record
 
 
@@ -294,7 +294,7 @@ def _json_files(fs: AbstractFileSystem, folder: str) -> list[str]:
     return sorted(p for p in paths if p.endswith(".json") and not posixpath.basename(p).startswith("."))
 
 
-def _encode(records: Any) -> dict[str, Any]:
+def _encode(records: Iterable[CommitRecord]) -> dict[str, Any]:
     """Records as a segment or manifest holds them: one short row each.
 
     ``[range id, rows, rejected, engine errors, files, committed at]``; files is null for the
@@ -308,21 +308,12 @@ def _encode(records: Any) -> dict[str, Any]:
     plans: list[list[Any]] = []
     tokens: list[list[int | None] | None] = []
     for r in records:
-        counted = [r.get(key) for key in TOKEN_KEYS]
-        tokens.append(None if counted == [None, None] else counted)
-        files = r["files"]
-        default = files == [f"part-{r['range_id']}.parquet"]
+        tokens.append(None if r.tokens == (None, None) else list(r.tokens))
+        default = r.files == (f"part-{r.range_id}.parquet",)
         rows.append(
-            [
-                r["range_id"],
-                r["rows"],
-                r.get("rejected", 0),
-                r.get("engine_errors", 0),
-                None if default else files,
-                r.get("committed_at"),
-            ]
+            [r.range_id, r.rows, r.rejected, r.engine_errors, None if default else list(r.files), r.committed_at]
         )
-        plan = r.get("plan")
+        plan = r.plan
         if plans and plans[-1][0] == plan:
             plans[-1][1] += 1
         else:
@@ -335,26 +326,23 @@ def _encode(records: Any) -> dict[str, Any]:
     return encoded
 
 
-def _decode(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _decode(data: dict[str, Any]) -> dict[str, CommitRecord]:
     plans = (plan for plan, count in data.get("plans", ()) for _ in range(count))
     tokens = data.get("tokens") or [None] * len(data["records"])
     records = {}
     for (range_id, rows, rejected, engine_errors, files, committed_at), counted in zip(
         data["records"], tokens, strict=True
     ):
-        record: dict[str, Any] = {
-            "range_id": range_id,
-            "files": [f"part-{range_id}.parquet"] if files is None else files,
-            "rows": rows,
-        }
-        if rejected:
-            record.update(rejected=rejected, engine_errors=engine_errors)
-        if committed_at is not None:
-            record["committed_at"] = committed_at
-        if plan := next(plans, None):
-            record["plan"] = plan
-        for key, count in zip(TOKEN_KEYS, counted or (), strict=False):
-            if count is not None:
-                record[key] = count
-        records[range_id] = record
+        tokens_in, tokens_out = counted or (None, None)
+        records[range_id] = CommitRecord(
+            range_id=range_id,
+            files=(f"part-{range_id}.parquet",) if files is None else tuple(files),
+            rows=rows,
+            rejected=rejected or 0,
+            engine_errors=(engine_errors or 0) if rejected else 0,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            plan=next(plans, None),
+            committed_at=committed_at,
+        )
     return records

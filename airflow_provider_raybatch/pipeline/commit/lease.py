@@ -12,7 +12,7 @@ A lease is taken over when its holder released it, when its heartbeat is older t
 holder's own ``lease_timeout`` (recorded with the lease: a taker with a shorter one must not
 judge a holder that heartbeats at its own, slower pace), or at once when its holder was a process
 on this host that no longer exists (a killed task or Ray job driver: its retry need not wait for
-the timeout). :meth:`_Record.is_live` is that rule, for writers and for ``raybatch status`` alike.
+the timeout). :meth:`LeaseRecord.is_live` is that rule, for writers and for ``raybatch status`` alike.
 """
 
 from __future__ import annotations
@@ -95,7 +95,11 @@ def _process_start(pid: int) -> float | None:
 
 
 @dataclass
-class _Record:
+class LeaseRecord:
+    """One generation of a lease, as its file holds it: who took it, when, its last heartbeat, and
+    the holder's own lease_timeout. :meth:`is_live` is the one rule for whether it is still held
+    (writers taking over, ``raybatch status`` and the UI, the verifier's stray files)."""
+
     generation: int
     holder: LeaseHolder
     taken_at: float
@@ -121,7 +125,7 @@ class _Record:
         return now - self.heartbeat <= self.timeout(default_timeout_s)
 
     @classmethod
-    def parse(cls, data: dict[str, Any]) -> _Record:
+    def parse(cls, data: dict[str, Any]) -> LeaseRecord:
         # Fields a newer release may add are ignored: its leases stay readable here.
         known = {f.name for f in fields(cls)}
         holder = {k: v for k, v in data["holder"].items() if k in {f.name for f in fields(LeaseHolder)}}
@@ -138,18 +142,18 @@ class Lease:
 
     def __init__(self, fs: AbstractFileSystem, folder: str, display: str, holder: LeaseHolder, timeout_s: float):
         self.fs, self.folder, self.display, self.holder, self.timeout_s = fs, folder, display, holder, timeout_s
-        self.record: _Record | None = None
+        self.record: LeaseRecord | None = None
         self._renewed = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # --- taking and giving back -------------------------------------------------------------
 
-    def live(self) -> _Record | None:
+    def live(self) -> LeaseRecord | None:
         """The current record if its holder still counts as writing (None: free to take)."""
         return self._live(self.current())
 
-    def _live(self, current: _Record | None) -> _Record | None:
+    def _live(self, current: LeaseRecord | None) -> LeaseRecord | None:
         if current is None:
             return None
         if current.is_live(time.time()):
@@ -168,7 +172,7 @@ class Lease:
             )
         return None
 
-    def busy_error(self, record: _Record) -> OutputBusyError:
+    def busy_error(self, record: LeaseRecord) -> OutputBusyError:
         return OutputBusyError(
             f"{self.display} is being written by {record.holder.describe()} since {_clock(record.taken_at)}; "
             f"last heartbeat {time.time() - record.heartbeat:.0f} s ago (taken over after {record.timeout():g} s "
@@ -182,7 +186,7 @@ class Lease:
             raise self.busy_error(current)
         generation = 1 if current is None else current.generation + 1
         now = time.time()
-        record = _Record(generation, self.holder, now, now, timeout_s=self.timeout_s)
+        record = LeaseRecord(generation, self.holder, now, now, timeout_s=self.timeout_s)
         if not self._create(self._path(generation), record):
             winner = self.current()
             who = winner.holder.describe() if winner else "another writer"
@@ -243,7 +247,7 @@ class Lease:
             return None
         return self._lost(current)
 
-    def _lost(self, current: _Record | None) -> LeaseLostError:
+    def _lost(self, current: LeaseRecord | None) -> LeaseLostError:
         if current is None:
             who = "someone who then released it"
         else:
@@ -259,7 +263,7 @@ class Lease:
 
     # --- files --------------------------------------------------------------------------------
 
-    def current(self) -> _Record | None:
+    def current(self) -> LeaseRecord | None:
         """The highest generation's record (None if the lease was never taken)."""
         generations = sorted(
             int(name.removesuffix(".json"))
@@ -268,7 +272,7 @@ class Lease:
         )
         for generation in reversed(generations):
             try:
-                return _Record.parse(read_json(self.fs, self._path(generation)))
+                return LeaseRecord.parse(read_json(self.fs, self._path(generation)))
             except FileNotFoundError:  # removed by a newer holder meanwhile
                 continue
         return None
@@ -276,7 +280,7 @@ class Lease:
     def _path(self, generation: int) -> str:
         return f"{self.folder}/{generation:012d}.json"
 
-    def _create(self, path: str, record: _Record) -> bool:
+    def _create(self, path: str, record: LeaseRecord) -> bool:
         """Create ``path`` only if it does not exist; False when another writer created it first.
 
         A create whose reply was lost and that the client then retried is refused by the store

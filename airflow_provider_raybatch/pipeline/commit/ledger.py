@@ -44,8 +44,8 @@ from typing import Any
 import pyarrow as pa
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE, CommitLog
+from airflow_provider_raybatch.pipeline.commit.commit_record import REJECTS_DIR, CommitRecord
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.output_schema import schema_from_json, schema_to_json
 from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
@@ -65,7 +65,6 @@ from airflow_provider_raybatch.pipeline.store.retries import retry_transient
 log = logging.getLogger(__name__)
 
 META_DIR = "_raybatch"
-REJECTS_DIR = "_rejects"
 LEASE_DIR = "lease"
 PARTITION_LEASES_DIR = "leases"
 
@@ -219,7 +218,7 @@ class OutputLedger(CommitLog):
         rejected: int = 0,
         engine_errors: int = 0,
         tokens: tuple[int | None, int | None] = (None, None),
-    ) -> dict[str, Any]:
+    ) -> CommitRecord:
         """Move a range's files (output, rejects) to their final names, durably; return the record
         that will commit them (:meth:`record`). Until it is recorded, the range is published without
         a record: the next run removes its files and redoes it.
@@ -251,19 +250,20 @@ class OutputLedger(CommitLog):
             fsync(self.fs, folder)  # and so are the names, before the record that names them
         if files:
             crash_point("published")
-        record: dict[str, Any] = {"range_id": range_id, "files": files, "rows": rows}
-        if self.plan_id:
-            record["plan"] = self.plan_id
-        if rejected:  # only when there are rejects: records of outputs without any stay as they were
-            record.update(rejected=rejected, engine_errors=engine_errors)
-        for key, count in zip(TOKEN_KEYS, tokens, strict=True):  # likewise: only where a model counted them
-            if count is not None:
-                record[key] = count
-        return record
+        return CommitRecord(
+            range_id,
+            tuple(files),
+            rows,
+            rejected=rejected,
+            engine_errors=engine_errors if rejected else 0,
+            tokens_in=tokens[0],
+            tokens_out=tokens[1],
+            plan=self.plan_id,
+        )
 
     def reconcile(
-        self, committed: dict[str, dict[str, Any]], range_ids: list[str] | None = None
-    ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+        self, committed: dict[str, CommitRecord], range_ids: list[str] | None = None
+    ) -> tuple[dict[str, CommitRecord], list[str]]:
         """Make the output's files agree with its records, before a writer starts.
 
         A record whose files are not all there does not count: its range is redone (a write
@@ -285,25 +285,25 @@ class OutputLedger(CommitLog):
         }
         standing = {}
         for range_id, record in committed.items():
-            if record.get("plan", self.plan_id) != self.plan_id:
+            if record.plan is not None and record.plan != self.plan_id:
                 log.warning(
                     "Range %s of %s was committed under another plan (%s, not %s): redone",
                     range_id,
                     self.display_path,
-                    record["plan"],
+                    record.plan,
                     self.plan_id,
                 )
-            elif all(name in present for name in record["files"]):
+            elif all(name in present for name in record.files):
                 standing[range_id] = record
             else:
-                missing = [name for name in record["files"] if name not in present]
+                missing = [name for name in record.files if name not in present]
                 log.warning(
                     "Range %s of %s is recorded but its file(s) %s are not there: redone",
                     range_id,
                     self.display_path,
                     missing,
                 )
-        keep = {name for record in standing.values() for name in record["files"]}
+        keep = {name for record in standing.values() for name in record.files}
         stale = [f"{self.root}/{name}" for name in sorted(present - keep)]
         if range_ids is not None:
             # part-<id>.parquet and part-<id>.<n>.parquet both start with "part-<id>.".

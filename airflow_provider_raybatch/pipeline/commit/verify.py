@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.commit.ledger import PARTITION_LEASES_DIR, REJECTS_DIR, OutputLedger
+from airflow_provider_raybatch.pipeline.commit.ledger import PARTITION_LEASES_DIR, OutputLedger
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S, ROW_ID_COLUMN
 
 #: Faults listed per kind before the rest are counted.
@@ -55,7 +55,7 @@ def verify_output(
     add_faults(faults, "planned range(s) not committed", missing)
     add_faults(faults, "commit record(s) of ranges not in the plan", sorted(set(committed) - set(planned)))
     plan_id = plan.plan_id()
-    foreign = sorted(r for r, record in committed.items() if record.get("plan", plan_id) != plan_id)
+    foreign = sorted(r for r, record in committed.items() if record.plan not in (None, plan_id))
     add_faults(faults, "range(s) committed under another plan than the output's (a mixed output)", foreign)
 
     # A range's output files hold its rows together, and its rejects files its rejected rows: a
@@ -63,9 +63,7 @@ def verify_output(
     recorded_files: dict[str, int] = {}  # relative path -> its group's index in `groups`
     groups: list[tuple[list[str], int]] = []  # (files, rows their record names)
     for record in committed.values():
-        rejects = [n for n in record["files"] if n.startswith(f"{REJECTS_DIR}/")]
-        outputs = [n for n in record["files"] if not n.startswith(f"{REJECTS_DIR}/")]
-        for names, rows in ((outputs, record["rows"]), (rejects, record.get("rejected", 0))):
+        for names, rows in ((record.data_files, record.rows), (record.reject_files, record.rejected)):
             if names:
                 recorded_files.update(dict.fromkeys(names, len(groups)))
                 groups.append((names, rows))

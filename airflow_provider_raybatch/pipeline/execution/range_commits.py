@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.commit.output_schema import promotion_needed, schema_mismatch
@@ -87,14 +88,14 @@ class RangeCommits:
         plan: Plan,
         progress: Progress,
         config: BatchInferenceConfig,
-        committed: dict[str, dict[str, Any]] | None = None,
+        committed: dict[str, CommitRecord] | None = None,
     ):
         self.ledger, self.plan, self.progress, self.config = ledger, plan, progress, config
         #: The ranges recorded (range id -> commit record): ``committed`` before the run, and those since.
-        self._records: dict[str, dict[str, Any]] = dict(committed or {})
+        self._records: dict[str, CommitRecord] = dict(committed or {})
         self.interval = record_interval()
         #: Published ranges waiting for their record: (plan index, record), oldest first.
-        self.pending: list[tuple[int, dict[str, Any]]] = []
+        self.pending: list[tuple[int, CommitRecord]] = []
         self._pending_since = 0.0
         self._first_recorded = False
         self._lock = threading.RLock()  # the driver's thread and the flushing thread
@@ -160,19 +161,19 @@ class RangeCommits:
                 return
             batch, self.pending = self.pending, []
             self.ledger.record([record for _, record in batch])
-            self._records.update((record["range_id"], record) for _, record in batch)
+            self._records.update((record.range_id, record) for _, record in batch)
             self._first_recorded = True
             for index, record in batch:
                 crash_point("committed")
                 self.progress.committed(index, record)
             self.progress.check_errors(self.config.max_error_fraction, self.ledger.display_path, final=False)
 
-    def recorded(self) -> dict[str, dict[str, Any]]:
+    def recorded(self) -> dict[str, CommitRecord]:
         """The ranges recorded so far, range id -> commit record (a copy: for another thread)."""
         with self._lock:
             return dict(self._records)
 
-    def _published(self, index: int, record: dict[str, Any]) -> None:
+    def _published(self, index: int, record: CommitRecord) -> None:
         with self._lock:
             if not self.pending:
                 self._pending_since = time.monotonic()

@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, REJECTS_DIR, OutputLedger, partition_key
+from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger, partition_key
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
 from airflow_provider_raybatch.pipeline.planning.planner import RowRange, contiguous_groups, recorded_ranges
@@ -289,9 +290,9 @@ def _read(
     ranges = recorded_ranges(plan.input, plan.job["rows_per_range"], plan.job.get("max_rows"))
     planned_ids = {r.id for r in ranges}
     mine = {r: record for r, record in committed.items() if r in planned_ids}
-    rows_out = sum(r["rows"] for r in mine.values())
-    rejected = sum(r.get("rejected", 0) for r in mine.values())
-    engine_errors = sum(r.get("engine_errors", 0) for r in mine.values())
+    rows_out = sum(r.rows for r in mine.values())
+    rejected = sum(r.rejected for r in mine.values())
+    engine_errors = sum(r.engine_errors for r in mine.values())
     tokens_in, tokens_out = token_totals(mine.values())
     rows_planned = sum(r.rows for r in ranges)
 
@@ -342,14 +343,12 @@ def _read(
     )
 
 
-def rejects_files(committed: dict[str, dict[str, Any]]) -> list[str]:
+def rejects_files(committed: dict[str, CommitRecord]) -> list[str]:
     """The rejects files the commit records ``committed`` name, relative to the output, sorted."""
-    return sorted(
-        name for record in committed.values() for name in record["files"] if name.startswith(f"{REJECTS_DIR}/")
-    )
+    return sorted(name for record in committed.values() for name in record.reject_files)
 
 
-def _files(recorded: dict[str, Any], ranges: list[Any], committed: dict[str, dict[str, Any]]) -> list[FileProgress]:
+def _files(recorded: dict[str, Any], ranges: list[Any], committed: dict[str, CommitRecord]) -> list[FileProgress]:
     """The planned files with their ranges and what of them is committed (ranges in plan order)."""
     names = [f["relpath"] for f in recorded.get("files", ())]
     counts = [[0, 0, 0, 0] for _ in names]  # rows, ranges, ranges committed, rows done
@@ -359,7 +358,7 @@ def _files(recorded: dict[str, Any], ranges: list[Any], committed: dict[str, dic
         count[1] += 1
         if (record := committed.get(r.id)) is not None:
             count[2] += 1
-            count[3] += record["rows"] + record.get("rejected", 0)
+            count[3] += record.input_rows
     return [FileProgress(name, *count) for name, count in zip(names, counts, strict=True)]
 
 
@@ -402,7 +401,7 @@ def _lease_status(owner: OutputLedger, folder: str, scope: str, timeout_s: float
 
 def _partitions(
     owner: OutputLedger,
-    committed: dict[str, dict[str, Any]],
+    committed: dict[str, CommitRecord],
     scopes: dict[str, str],
     planned: dict[str, list[RowRange]],
     timeout_s: float,
@@ -416,7 +415,7 @@ def _partitions(
             record = committed[range_id]
             count = counts.setdefault(scope, [0, 0])
             count[0] += 1
-            count[1] += record["rows"] + record.get("rejected", 0)
+            count[1] += record.input_rows
     folders = {posixpath.basename(f.rstrip("/")): f.rstrip("/") for f in owner.partition_lease_folders()}
     index = {key: i for i, key in enumerate(planned)}
     keys = sorted(folders.keys() | counts.keys() | planned.keys(), key=lambda k: (index.get(k, len(index)), k))
@@ -434,15 +433,14 @@ def _partitions(
     ]
 
 
-def _timeline(committed: dict[str, dict[str, Any]]) -> list[TimelinePoint]:
+def _timeline(committed: dict[str, CommitRecord]) -> list[TimelinePoint]:
     """Cumulative ranges and rows per commit time (records without one, of layout 1, are left out)."""
     by_time: dict[float, list[int]] = {}
     for record in committed.values():
-        at = record.get("committed_at")
-        if at is not None:
+        if (at := record.committed_at) is not None:
             point = by_time.setdefault(at, [0, 0])
             point[0] += 1
-            point[1] += record["rows"] + record.get("rejected", 0)
+            point[1] += record.input_rows
     points, ranges, rows = [], 0, 0
     for at in sorted(by_time):
         ranges += by_time[at][0]

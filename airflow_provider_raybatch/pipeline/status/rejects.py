@@ -67,8 +67,8 @@ def read_rejects(
     files = rejects_files(committed)
     return RejectsSample(
         path=output_path,
-        rejected=sum(r.get("rejected", 0) for r in committed.values()),
-        engine_errors=sum(r.get("engine_errors", 0) for r in committed.values()),
+        rejected=sum(r.rejected for r in committed.values()),
+        engine_errors=sum(r.engine_errors for r in committed.values()),
         rows=_read_rows(ledger, files, limit),
         files=files,
     )

@@ -33,8 +33,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
-from airflow_provider_raybatch.pipeline.commit.ledger import REJECTS_DIR, OutputLedger
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.store.files import create_file, ls, read_json
@@ -44,7 +45,7 @@ from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
 
 log = logging.getLogger(__name__)
 
-Records = dict[str, dict[str, Any]]
+Records = dict[str, CommitRecord]
 
 
 class TableCommits:
@@ -97,7 +98,7 @@ class TableCommits:
                 self._apply_new_intents()
                 held = {range_id for intent in self.intents for range_id in intent["ranges"]}
                 new = {range_id: r for range_id, r in records.items() if range_id not in held}
-                with_files = {range_id: r for range_id, r in new.items() if _data_files(r)}
+                with_files = {range_id: r for range_id, r in new.items() if r.data_files}
                 # A replacing generation commits once even without rows: the partition is then emptied.
                 if not with_files and not (self.generation.replace and not self.intents):
                     return
@@ -195,10 +196,10 @@ class TableCommits:
         sizes = {posixpath.basename(e["name"]): int(e["size"]) for e in entries if e.get("type") != "directory"}
         out = []
         for record in records.values():
-            names = _data_files(record)
+            names = record.data_files
             for name in names:
                 if len(names) == 1:
-                    rows = int(record["rows"])
+                    rows = record.rows
                 else:  # a range that arrived in several blocks: its count is per range
                     with fs.open(f"{root}/{name}", "rb") as f:
                         rows = pq.ParquetFile(f).metadata.num_rows
@@ -211,11 +212,6 @@ class TableCommits:
                 self.config, self.generation.writer_id, self.ledger.recorded_schema("output"), self.ledger.fence
             )
         return self._writer
-
-
-def _data_files(record: dict[str, Any]) -> list[str]:
-    """A commit record's data files (its rejects stay in the staging folder)."""
-    return [name for name in record["files"] if not name.startswith(f"{REJECTS_DIR}/")]
 
 
 def check_table_output(config: BatchInferenceConfig) -> None:

@@ -3,6 +3,7 @@ as a writer goes, and what a failed record write leaves (by whether it is known 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import fsspec
@@ -16,24 +17,27 @@ from airflow_provider_raybatch.pipeline.commit.commit_log import (
     _decode,
     _encode,
 )
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
 
 
-def record(range_id: str, rows: int = 10, **extra) -> dict:
-    return {"range_id": range_id, "files": [f"part-{range_id}.parquet"], "rows": rows, **extra}
+def record(range_id: str, rows: int = 10, **extra) -> CommitRecord:
+    return CommitRecord(range_id, (f"part-{range_id}.parquet",), rows, **extra)
 
 
 def test_records_round_trip_through_their_short_rows_with_plans_run_length_encoded():
     records = [
         record("a-0-10", committed_at=1.5, plan="p1"),
         record("a-10-20", rejected=2, engine_errors=1, committed_at=1.5, plan="p1"),
-        {**record("a-20-30", plan="p2"), "files": ["part-a-20-30.parquet", "_rejects/part-a-20-30.parquet"]},
+        dataclasses.replace(
+            record("a-20-30", plan="p2"), files=("part-a-20-30.parquet", "_rejects/part-a-20-30.parquet")
+        ),
         record("a-30-40"),  # written by a version that named no plan
     ]
     encoded = _encode(records)
     assert encoded["plans"] == [["p1", 2], ["p2", 1], [None, 1]]
     assert encoded["records"][0] == ["a-0-10", 10, 0, 0, None, 1.5]  # the usual one file: null
-    assert _decode(json.loads(json.dumps(encoded))) == {r["range_id"]: r for r in records}
+    assert _decode(json.loads(json.dumps(encoded))) == {r.range_id: r for r in records}
 
 
 def test_records_without_any_plan_keep_the_shape_earlier_versions_read():
@@ -51,16 +55,16 @@ def test_token_counts_ride_beside_the_rows_only_where_a_model_counted_them():
     encoded = _encode(records)
     assert encoded["tokens"] == [[120, 30], [0, 0], None]
     assert all(len(row) == 6 for row in encoded["records"])  # the shape earlier versions read
-    assert _decode(json.loads(json.dumps(encoded))) == {r["range_id"]: r for r in records}
+    assert _decode(json.loads(json.dumps(encoded))) == {r.range_id: r for r in records}
     assert "tokens" not in _encode([record("a-0-10")])
 
 
 def test_of_two_records_of_a_range_the_later_committed_wins():
     records = {"a-0-10": record("a-0-10", rows=10, committed_at=2.0)}
     _add_records(records, {"a-0-10": record("a-0-10", rows=99, committed_at=1.0)})
-    assert records["a-0-10"]["rows"] == 10
+    assert records["a-0-10"].rows == 10
     _add_records(records, {"a-0-10": record("a-0-10", rows=7, committed_at=3.0)})
-    assert records["a-0-10"]["rows"] == 7
+    assert records["a-0-10"].rows == 7
 
 
 @pytest.fixture

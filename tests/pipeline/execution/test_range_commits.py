@@ -119,7 +119,7 @@ def test_an_empty_range_is_committed_without_a_file(tmp_path):
         commits.commit_empty(empty, run.keep)
         commits.flush()
         assert committed(cfg) == [run.plan.ranges[empty].id]
-        assert OutputLedger.open(cfg.output_path).committed()[run.plan.ranges[empty].id]["files"] == []
+        assert OutputLedger.open(cfg.output_path).committed()[run.plan.ranges[empty].id].files == ()
     finally:
         run.release()
 
