@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from airflow_provider_raybatch.pipeline.runtime.shared.folder import read_record
 from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import head_processes
@@ -35,7 +36,6 @@ FAILS_WITHIN_S = 45
 def assert_names_the_head(output: str, record: dict, root: Path) -> None:
     assert "LocalRayDiedError: the shared local Ray this task ran on" in output, output[-5000:]
     assert f"({record['address']}, in {root}) has died" in output
-    assert "(SIGKILL: e.g. the kernel's out-of-memory killer)" in output
     assert f"Its log: {root / 'head.exited.log'}" in output and (root / "head.exited.log").exists()
     assert "Failed to connect to GCS" not in output
 
@@ -69,7 +69,10 @@ def test_a_run_whose_shared_head_is_killed_fails_at_once_saying_how_and_its_retr
     # The driver waits inside Ray Data, which waits for the dead GCS: the process is ended.
     assert first.returncode == 75, output[-5000:]
     assert_names_the_head(output, record, root)
-    assert f"its head process (ray start, pid {record['head_pid']}) was killed by signal 9" in output
+    assert (
+        f"its head process (ray start, pid {record['head_pid']}) was killed by signal 9 "
+        "(SIGKILL: e.g. the kernel's out-of-memory killer)"
+    ) in output
     committed = commit_count(out)
     assert 1 <= committed < ROWS // 100
 
@@ -98,4 +101,9 @@ def test_a_task_whose_head_loses_its_gcs_raises_the_error_and_disconnects(shared
     assert task.process.returncode == 1, output[-5000:]  # the error, raised out of the task's `with ray_session()`
     assert "airflow_provider_raybatch.pipeline.errors.LocalRayDiedError: the shared local Ray" in output
     assert_names_the_head(output, record, root)
-    assert "exited with code 1; its gcs_server was killed by signal 9" in output
+    assert "its head process (ray start, pid" in output and "exited with code 1" in output
+    # Which daemon died is read from `ray start`'s log: Ray 2.55 exits without flushing it.
+    if Version(record["ray_version"]) >= Version("2.60"):
+        assert (
+            "exited with code 1; its gcs_server was killed by signal 9 (SIGKILL: e.g. the kernel's out-of-memory killer)"
+        ) in output
