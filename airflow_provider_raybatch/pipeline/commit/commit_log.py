@@ -54,6 +54,8 @@ PER_RANGE_RECORDS = 1
 SEGMENT_FANOUT = 16
 #: The scope of the whole-output writer's segments (a partition's is its lease key).
 OUTPUT_SCOPE = "output"
+#: Listings of the records :meth:`CommitLog.committed` makes before a segment merged away under it is an error.
+_READ_ATTEMPTS = 20
 
 
 class CommitLog:
@@ -99,9 +101,10 @@ class CommitLog:
         and the per-range records of layout version 1).
 
         Reads O(segments) objects. A segment merged away by its writer between the listing and
-        the read is found again in the segment it was merged into: the listing is repeated.
+        the read is found again in the segment it was merged into: the listing is repeated (a
+        writer that merges as fast as it commits can win that race several times in a row).
         """
-        for _ in range(4):
+        for _ in range(_READ_ATTEMPTS - 1):
             try:
                 return self._read_records()[0]
             except FileNotFoundError:
