@@ -76,13 +76,14 @@ def cluster_settings(conn: Any) -> RayClusterSettings | None:
         entrypoint_num_gpus=_number(conn, extra, "entrypoint_num_gpus", float),
         entrypoint_memory=_number(conn, extra, "entrypoint_memory", int),
         namespace=extra.get("namespace") or None,
-        outage_timeout_s=DEFAULT_OUTAGE_TIMEOUT_S
-        if (outage := _number(conn, extra, "outage_timeout", float)) is None
-        else _at_least_zero(conn, "outage_timeout", outage),
+        outage_timeout_s=_seconds(conn, extra, "outage_timeout", DEFAULT_OUTAGE_TIMEOUT_S),
     )
 
 
-def _at_least_zero(conn: Any, name: str, value: float) -> float:
+def _seconds(conn: Any, extra: dict[str, Any], name: str, default: float) -> float:
+    value = _number(conn, extra, name, float)
+    if value is None:
+        return default
     if value < 0:
         raise ConfigError(f"connection {conn.conn_id!r}: extra {name!r} must be >= 0 seconds, got {value:g}")
     return value
