@@ -20,14 +20,15 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from airflow_provider_raybatch.hooks.jobs_types import JobInfo, JobStatus
-from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings
-from airflow_provider_raybatch.pipeline.errors import (
+from airflow_provider_raybatch.hooks.jobs_types import (
     JobAlreadyExists,
     JobDeadlineExceeded,
+    JobInfo,
     JobsApiUnavailable,
+    JobStatus,
     RayJobsError,
 )
+from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings
 
 T = TypeVar("T")
 

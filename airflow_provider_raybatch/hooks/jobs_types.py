@@ -1,5 +1,5 @@
 """What the provider and a Ray cluster's Jobs API say to each other: a job's status and outcome, how
-waiting for it ended (the cluster's settings: :mod:`.ray_connection`).
+waiting for it ended, and the errors of talking to it (the cluster's settings: :mod:`.ray_connection`).
 
 Kept apart from the client (:mod:`.jobs_client`) so that everything importing these types (the
 hook, the operators, the trigger, and so DAG files) stays free of aiohttp, which only the code
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from airflow_provider_raybatch.pipeline.errors import ERROR_PREFIX, NOT_RETRYABLE_EXIT
+from airflow_provider_raybatch.pipeline.errors import ERROR_PREFIX, NOT_RETRYABLE_EXIT, RayBatchError
 
 
 class JobStatus(StrEnum):
@@ -84,3 +84,21 @@ class JobInfo:
             errors = [line.removeprefix(ERROR_PREFIX) for line in lines if line.startswith(ERROR_PREFIX)]
             return JobFailure(errors[-1] if errors else self.message, retryable=False)
         return JobFailure(f"Ray job {self.submission_id} ended {self.status.value}: {self.message}", retryable=True)
+
+
+class RayJobsError(RayBatchError):
+    """A Ray cluster's Jobs API could not be reached or refused a request; the message says why."""
+
+
+class JobsApiUnavailable(RayJobsError):
+    """The Jobs API did not answer, or answered that it cannot serve now: a refused or reset
+    connection, a timeout, 502/503/504, or a 500 that says to try again later (a dashboard
+    restarting, a head pod rescheduled, an ingress during a rollout). It may pass by itself."""
+
+
+class JobDeadlineExceeded(RayJobsError):
+    """The task's deadline passed while its Ray job was still running."""
+
+
+class JobAlreadyExists(RayJobsError):
+    """A job with this submission id exists already (another try submitted it)."""

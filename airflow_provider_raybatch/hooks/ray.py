@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseHook
 
-from airflow_provider_raybatch.hooks.jobs_types import JobInfo, JobStatus
+from airflow_provider_raybatch.hooks.jobs_types import JobAlreadyExists, JobInfo, JobStatus, RayJobsError
 from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings, cluster_settings
-from airflow_provider_raybatch.pipeline.errors import ConfigError, JobAlreadyExists, RayJobsError
+from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.version_compat import AIRFLOW_V_3_2_PLUS, AirflowNotFoundException
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class RayHook(BaseHook):
     unavailable (refused or reset connections, timeouts, 502/503/504, a 500 "try again later"),
     for up to the connection's ``outage_timeout`` (600 s by default). They raise
     :class:`RayJobsError` when the cluster refuses a request, stays unreachable past that bound
-    (:class:`~airflow_provider_raybatch.pipeline.errors.JobsApiUnavailable`), or the connection
+    (:class:`~airflow_provider_raybatch.hooks.jobs_types.JobsApiUnavailable`), or the connection
     names no cluster.
 
     :param ray_conn_id: the ``ray`` connection to use; None for the embedded local Ray.

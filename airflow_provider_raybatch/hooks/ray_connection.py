@@ -25,7 +25,7 @@ class RayClusterSettings:
     :param timeout_s: the longest a single request may take (a log stream only waits this long
         to connect).
     :param outage_timeout_s: how long a call keeps retrying while the Jobs API is unavailable
-        (:class:`~airflow_provider_raybatch.pipeline.errors.JobsApiUnavailable`) before it fails;
+        (:class:`~airflow_provider_raybatch.hooks.jobs_types.JobsApiUnavailable`) before it fails;
         0: one attempt.
     """
 

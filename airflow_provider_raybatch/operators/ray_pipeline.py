@@ -19,7 +19,7 @@ from airflow.sdk import Asset, BaseOperator
 
 from airflow_provider_raybatch.assets import attach_summary, resolve_asset
 from airflow_provider_raybatch.hooks.iceberg_catalog import IcebergCatalogHook
-from airflow_provider_raybatch.hooks.jobs_types import JobFailure, JobInfo
+from airflow_provider_raybatch.hooks.jobs_types import JobFailure, JobInfo, RayJobsError
 from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.lineage import operator_lineage
@@ -40,9 +40,8 @@ from airflow_provider_raybatch.pipeline.config import (
     Stage,
     TableOutput,
 )
-from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError, RayJobsError
-from airflow_provider_raybatch.runners.base import PipelineRunner
-from airflow_provider_raybatch.runners.embedded import EmbeddedRunner
+from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError
+from airflow_provider_raybatch.runners.factory import runner_for
 from airflow_provider_raybatch.version_compat import (
     AIRFLOW_VERSION,
     TRIGGER_ON_KILL,
@@ -58,11 +57,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_raybatch.pipeline.partitions import Partition
     from airflow_provider_raybatch.pipeline.summary import RunSummary
-    from airflow_provider_raybatch.runners.ray_job import RayJobRunner
-
-#: task_state_store key: the attempt number of the task's current Ray job (kept across tries).
-JOB_ATTEMPT_KEY = "ray_job_attempt"
-
+    from airflow_provider_raybatch.runners.base import PipelineRunner
 
 #: ``asset`` not given: derive it from the output path.
 _DERIVED: Any = object()
@@ -262,7 +257,7 @@ class RayPipelineOperator(BaseOperator):
             rows_per_range=self.rows_per_range,
             mode=self.mode,
             run_key=f"{ti.dag_id}/{ti.run_id}/{ti.task_id}/{ti.map_index}",
-            storage_options=storage_options(self.aws_conn_id, self.gcp_conn_id, self.azure_conn_id),
+            storage_options=self._storage_options(),
             max_rows=rendered_number("max_rows", self.max_rows, int, "an integer >= 1 or None", optional=True),
             max_error_fraction=rendered_error_fraction(self.max_error_fraction),
             try_number=ti.try_number,
@@ -274,6 +269,10 @@ class RayPipelineOperator(BaseOperator):
         # Rendered values are checked before any Ray work: a bad one fails the task without retries.
         config.validate()
         return config
+
+    def _storage_options(self) -> dict[str, Any]:
+        """fsspec options for the paths, from the task's store connections."""
+        return storage_options(self.aws_conn_id, self.gcp_conn_id, self.azure_conn_id)
 
     def _table_output(self, context: Context) -> TableOutput | None:
         """The table the output is, from the (rendered) table arguments; None for a Parquet folder."""
@@ -311,26 +310,28 @@ class RayPipelineOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
         with _fail_without_retry():
             config = self.build_config(context)
-            if self.plan_partitions is not None:
+            planning = self.plan_partitions is not None
+            if planning:
                 from airflow_provider_raybatch.pipeline.partitions import check_partitions
 
                 check_partitions(config, self.plan_partitions)
-            runner = self._runner(context)
+            runner = runner_for(self.hook, context["ti"], context.get("task_state_store"))
             try:
-                if self.plan_partitions is None:
-                    outcome = runner.run(config)
-                else:
-                    outcome = runner.plan(config, self.plan_partitions)
+                outcome = runner.plan(config, self.plan_partitions) if planning else runner.run(config)
                 if isinstance(outcome, JobInfo):
-                    outcome = self._follow_job(context, runner, outcome)
+                    ended = self._follow_job(context, runner, outcome, config)
+                    outcome = self._job_result(runner, ended, config.output_path, config.storage_options, planning)
             except RayJobsError as e:
                 self._unfollowed(context, str(e))
-            return self._done(context, config, outcome)
+            return self._done(context, outcome, config.max_rows)
 
-    def _follow_job(self, context: Context, runner: RayJobRunner, info: JobInfo) -> JobInfo:
+    def _follow_job(
+        self, context: Context, runner: PipelineRunner, info: JobInfo, config: BatchInferenceConfig
+    ) -> JobInfo:
         """Link the task to its Ray job, then wait for the job to end here, or defer to the triggerer."""
         self.submission_id = info.submission_id
-        context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=runner.cluster.job_url(info.submission_id))
+        if (cluster := self.hook.cluster) is not None:
+            context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=cluster.job_url(info.submission_id))
         if not info.is_active:
             return info
         if self.deferrable:
@@ -353,46 +354,32 @@ class RayPipelineOperator(BaseOperator):
                     deadline=self._deadline(context),
                 ),
                 method_name="execute_complete",
+                # What the job's result needs once it ended (no secret): the config is not built again.
+                kwargs={
+                    "output_path": config.output_path,
+                    "planning": self.plan_partitions is not None,
+                    "max_rows": config.max_rows,
+                },
             )
         # In the worker, Airflow's own execution_timeout interrupts this wait and calls on_kill.
         return runner.wait(
             info, poll_interval=self.poll_interval, log_line=lambda line: self.log.info("[ray job] %s", line)
         )
 
-    def _runner(self, context: Context) -> PipelineRunner:
-        """In the task on an embedded Ray, or as a Ray Job on the connection's cluster."""
-        cluster = self.hook.cluster
-        if cluster is None:
-            return EmbeddedRunner()
-        from airflow_provider_raybatch.runners.ray_job import RayJobRunner, submission_id_prefix
+    def execute_complete(
+        self,
+        context: Context,
+        event: dict[str, Any],
+        output_path: str | None = None,
+        planning: bool | None = None,
+        max_rows: int | None = None,
+    ) -> dict[str, Any] | list[dict[str, Any]]:
+        """Resume after the trigger fired: the job ended, timed out, or could not be followed.
 
-        ti = context["ti"]
-        store = context.get("task_state_store")
-        if store is None:
-            note_once(
-                "task_state_store",
-                "Airflow %s has no task state store (3.3+): each try finds its Ray job by walking the job's "
-                "submission ids from attempt 0",
-                AIRFLOW_VERSION,
-            )
-        prefix = submission_id_prefix(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
-        return RayJobRunner(
-            self.hook,
-            cluster,
-            prefix,
-            metadata={
-                "airflow_dag_id": ti.dag_id,
-                "airflow_run_id": ti.run_id,
-                "airflow_task_id": ti.task_id,
-                "airflow_map_index": str(ti.map_index),
-            },
-            # The attempt reached survives retries: the next try walks on from it.
-            start_attempt=int((store.get(JOB_ATTEMPT_KEY) if store is not None else None) or 0),
-            on_submit=None if store is None else lambda attempt: store.set(JOB_ATTEMPT_KEY, attempt),
-        )
-
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any] | list[dict[str, Any]]:
-        """Resume after the trigger fired: the job ended, timed out, or could not be followed."""
+        :param output_path: the output the job writes; ``planning``: whether it plans partitions;
+            ``max_rows``: the run's (rendered) limit. Given by the deferring try; a task deferred by
+            an earlier version of the provider, which gave none, takes them from its arguments.
+        """
         from airflow_provider_raybatch.hooks.jobs_types import JobStatus, WaitOutcome
 
         self.submission_id = event["submission_id"]
@@ -406,8 +393,13 @@ class RayPipelineOperator(BaseOperator):
         info = JobInfo(
             self.submission_id, JobStatus(event["status"]), event.get("message", ""), event.get("driver_exit_code")
         )
+        if output_path is None:
+            output_path, planning = self.output_path, self.plan_partitions is not None
+            max_rows = rendered_number("max_rows", self.max_rows, int, "an integer >= 1 or None", optional=True)
+        runner = runner_for(self.hook, context["ti"], context.get("task_state_store"))
         with _fail_without_retry():
-            return self._done(context, self.build_config(context), info)
+            result = self._job_result(runner, info, output_path, self._storage_options(), bool(planning))
+            return self._done(context, result, max_rows)
 
     def _unfollowed(self, context: Context, message: str) -> NoReturn:
         """Fail the try when the job could not be submitted or followed (the Jobs API refused, or
@@ -452,30 +444,33 @@ class RayPipelineOperator(BaseOperator):
         started = context["ti"].start_date
         return (started.timestamp() if started else time.time()) + self.execution_timeout.total_seconds()
 
+    @staticmethod
+    def _job_result(
+        runner: PipelineRunner, info: JobInfo, output_path: str, options: dict[str, Any], planning: bool
+    ) -> RunSummary | list[Partition]:
+        """The ended job's result; a job that failed fails the try, without a retry where one cannot help."""
+        result = runner.result(info, output_path, options, planning=planning)
+        if isinstance(result, JobFailure):
+            if not result.retryable:
+                # Bad settings or input found by the job: a retry would fail the same way.
+                raise AirflowFailException(result.message)
+            raise AirflowException(result.message)
+        return result
+
     def _done(
-        self, context: Context, config: BatchInferenceConfig, outcome: RunSummary | list[Partition] | JobInfo
+        self, context: Context, outcome: RunSummary | list[Partition], max_rows: int | None
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """The task's XCom result: the run's summary (also on the asset's event), or the partitions."""
-        if isinstance(outcome, JobInfo):
-            from airflow_provider_raybatch.runners.ray_job import RayJobRunner
-
-            result = RayJobRunner.result(config, outcome, planning=self.plan_partitions is not None)
-            if isinstance(result, JobFailure):
-                if not result.retryable:
-                    # Bad settings or input found by the job: a retry would fail the same way.
-                    raise AirflowFailException(result.message)
-                raise AirflowException(result.message)
-            outcome = result
         if isinstance(outcome, list):
             self.log.info("Partitions: %s", [(p.index, len(p.range_ids), p.rows) for p in outcome])
             return [p.to_dict() for p in outcome]
         summary = outcome.to_dict()
         self.log.info("Batch inference summary: %s", summary)
-        if config.max_rows is not None and self.asset is not None:
+        if max_rows is not None and self.asset is not None:
             # A smoke run's output is not what the asset stands for: consumers must not run on it.
             # Airflow emits an event for each of the task's outlets once it succeeds.
             self.outlets = [outlet for outlet in self.outlets if outlet != self.asset]
-            self.log.info("A smoke run (max_rows=%s): no event on the asset %s", config.max_rows, self.asset.uri)
+            self.log.info("A smoke run (max_rows=%s): no event on the asset %s", max_rows, self.asset.uri)
         else:
             attach_summary(context, self.asset, summary)
         return summary

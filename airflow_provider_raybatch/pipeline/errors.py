@@ -120,24 +120,6 @@ class LeaseLostError(RayBatchError):
     """This writer's lease was taken over: it must publish and commit nothing more."""
 
 
-class RayJobsError(RayBatchError):
-    """A Ray cluster's Jobs API could not be reached or refused a request; the message says why."""
-
-
-class JobsApiUnavailable(RayJobsError):
-    """The Jobs API did not answer, or answered that it cannot serve now: a refused or reset
-    connection, a timeout, 502/503/504, or a 500 that says to try again later (a dashboard
-    restarting, a head pod rescheduled, an ingress during a rollout). It may pass by itself."""
-
-
-class JobDeadlineExceeded(RayJobsError):
-    """The task's deadline passed while its Ray job was still running."""
-
-
-class JobAlreadyExists(RayJobsError):
-    """A job with this submission id exists already (another try submitted it)."""
-
-
 def provider_error_in(error: BaseException) -> RayBatchError | None:
     """The provider's own error that ``error`` is or wraps, or None.
 

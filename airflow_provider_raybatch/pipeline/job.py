@@ -46,9 +46,9 @@ def write_job_result(config: BatchInferenceConfig, submission_id: str, result: d
     write_json(ledger.fs, ledger.job_summary_path(submission_id), result)
 
 
-def read_job_result(config: BatchInferenceConfig, submission_id: str) -> dict[str, Any] | None:
-    """The result a Ray Job left (None if it left none)."""
-    ledger = OutputLedger.open(config.output_path, config.storage_options)
+def read_job_result(output_path: str, storage_options: dict[str, Any], submission_id: str) -> dict[str, Any] | None:
+    """The result a Ray Job left in ``output_path`` (None if it left none)."""
+    ledger = OutputLedger.open(output_path, storage_options)
     path = ledger.job_summary_path(submission_id)
     ledger.fs.invalidate_cache()
     if not ledger.fs.exists(path):
@@ -56,19 +56,21 @@ def read_job_result(config: BatchInferenceConfig, submission_id: str) -> dict[st
     return read_json(ledger.fs, path)
 
 
-def read_job_summary(config: BatchInferenceConfig, submission_id: str) -> RunSummary | None:
+def read_job_summary(output_path: str, storage_options: dict[str, Any], submission_id: str) -> RunSummary | None:
     """The run summary a Ray Job left (None if it left none), with its submission id."""
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
-    result = read_job_result(config, submission_id)
+    result = read_job_result(output_path, storage_options, submission_id)
     return None if result is None else RunSummary.from_dict({**result, "ray_submission_id": submission_id})
 
 
-def read_job_partitions(config: BatchInferenceConfig, submission_id: str) -> list[Partition] | None:
+def read_job_partitions(
+    output_path: str, storage_options: dict[str, Any], submission_id: str
+) -> list[Partition] | None:
     """The partitions a planning Ray Job left (None if it left none)."""
     from airflow_provider_raybatch.pipeline.partitions import Partition
 
-    result = read_job_result(config, submission_id)
+    result = read_job_result(output_path, storage_options, submission_id)
     if result is None or not isinstance(result.get("partitions"), list):
         return None
     return [Partition.from_dict(p) for p in result["partitions"]]
@@ -83,8 +85,8 @@ def main(argv: list[str]) -> int:
 
     submission_id, namespace, partitions = spec["submission_id"], spec.get("namespace"), spec.get("plan_partitions")
     try:
+        # Validated by the task before it submitted the job, and again by the run's own checks (prepare).
         config = BatchInferenceConfig.from_spec(spec["config"])
-        config.validate()  # bad settings fail before connecting
         # This driver runs on the cluster: joining its Ray costs little, and lets the plan (of a
         # run, or of the partitions) read many input footers with Ray tasks across the cluster.
         with ray_session("auto", namespace):

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.hooks.jobs_types import JobFailure, JobInfo
 from airflow_provider_raybatch.runners.base import PipelineRunner
@@ -74,24 +74,20 @@ class RayJobRunner(PipelineRunner):
         )
 
     def wait(self, info: JobInfo, *, poll_interval: float, log_line: Callable[[str], None]) -> JobInfo:
-        """Wait in this process until the job ends, passing its log lines on."""
         return self.hook.wait_for_job(info.submission_id, poll_interval=poll_interval, log_line=log_line)
 
-    @staticmethod
     def result(
-        config: BatchInferenceConfig, info: JobInfo, *, planning: bool
+        self, info: JobInfo, output_path: str, storage_options: dict[str, Any], *, planning: bool
     ) -> RunSummary | list[Partition] | JobFailure:
-        """What an ended job left: its summary, or its partitions when ``planning``; or why it failed."""
         from airflow_provider_raybatch.pipeline.job import read_job_partitions, read_job_summary
 
         sid = info.submission_id
         if info.is_successful:
-            result = read_job_partitions(config, sid) if planning else read_job_summary(config, sid)
+            read = read_job_partitions if planning else read_job_summary
+            result = read(output_path, storage_options, sid)
             if result is None:
                 what = "partitions" if planning else "summary"
-                return JobFailure(
-                    f"Ray job {sid} succeeded but left no {what} in {config.output_path!r}", retryable=True
-                )
+                return JobFailure(f"Ray job {sid} succeeded but left no {what} in {output_path!r}", retryable=True)
             return result
         return info.failure or JobFailure(f"Ray job {sid} has not ended ({info.status.value})", retryable=True)
 

@@ -7,9 +7,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_raybatch.hooks.jobs_types import WaitOutcome
+from airflow_provider_raybatch.hooks.jobs_types import JobDeadlineExceeded, RayJobsError, WaitOutcome
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.pipeline.errors import JobDeadlineExceeded, RayJobsError
 
 
 class RayJobTrigger(BaseTrigger):

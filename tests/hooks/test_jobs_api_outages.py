@@ -14,9 +14,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, run_sync
-from airflow_provider_raybatch.hooks.jobs_types import JobStatus
+from airflow_provider_raybatch.hooks.jobs_types import JobAlreadyExists, JobsApiUnavailable, JobStatus, RayJobsError
 from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings
-from airflow_provider_raybatch.pipeline.errors import JobAlreadyExists, JobsApiUnavailable, RayJobsError
 from tests.support.outage_proxy import KINDS, OutageProxy
 
 #: The outage_timeout of these tests' connection, and an outage that ends well within it.

@@ -13,8 +13,8 @@ import pytest
 import airflow_provider_raybatch.hooks.jobs_client as jobs_client
 import airflow_provider_raybatch.hooks.jobs_types as jobs_types
 from airflow_provider_raybatch.hooks.jobs_client import RayJobsClient, run_sync
+from airflow_provider_raybatch.hooks.jobs_types import RayJobsError
 from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings
-from airflow_provider_raybatch.pipeline.errors import RayJobsError
 
 
 def test_a_server_that_never_answers_times_out():

@@ -15,15 +15,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from airflow_provider_raybatch.hooks.jobs_client import run_sync
-from airflow_provider_raybatch.hooks.jobs_types import JobFailure
+from airflow_provider_raybatch.hooks.jobs_types import JobDeadlineExceeded, JobFailure, RayJobsError
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.pipeline.errors import (
-    ERROR_PREFIX,
-    NOT_RETRYABLE_EXIT,
-    ConfigError,
-    JobDeadlineExceeded,
-    RayJobsError,
-)
+from airflow_provider_raybatch.pipeline.errors import ERROR_PREFIX, NOT_RETRYABLE_EXIT, ConfigError
 from tests.conftest import free_port
 from tests.support.ray_cluster import cluster_ray_version, connection
 
