@@ -8,22 +8,23 @@ arguments as rendered, the job's link, waiting or deferring, which failures are 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow.sdk import Asset, BaseOperator
 
 from airflow_provider_raybatch.assets import attach_summary, resolve_asset
 from airflow_provider_raybatch.hooks.iceberg_catalog import IcebergCatalogHook
-from airflow_provider_raybatch.hooks.jobs_types import JobFailure, JobInfo, RayJobsError
+from airflow_provider_raybatch.hooks.jobs_types import JobInfo, RayJobsError
 from airflow_provider_raybatch.hooks.object_stores import storage_options
 from airflow_provider_raybatch.hooks.ray import RayHook
 from airflow_provider_raybatch.lineage import operator_lineage
-from airflow_provider_raybatch.links.ray import RAY_JOB_URL_KEY, RayJobLink
+from airflow_provider_raybatch.links.ray import RayJobLink
+from airflow_provider_raybatch.operators.arguments import shared_param_docs
+from airflow_provider_raybatch.operators.job_following import RayJobFollowing
 from airflow_provider_raybatch.operators.rendered import (
     check_paths,
     rendered_columns,
@@ -31,25 +32,13 @@ from airflow_provider_raybatch.operators.rendered import (
     rendered_number,
     rendered_seconds,
 )
-from airflow_provider_raybatch.pipeline.config import (
-    DEFAULT_LEASE_TIMEOUT_S,
-    DEFAULT_PROGRESS_TIMEOUT_S,
-    DEFAULT_TABLE_COMMIT_INTERVAL_S,
-    OUTPUT_FORMATS,
-    BatchInferenceConfig,
-    Stage,
-    TableOutput,
-)
+from airflow_provider_raybatch.pipeline.config import OUTPUT_FORMATS, BatchInferenceConfig, Stage, TableOutput
 from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError
 from airflow_provider_raybatch.runners.factory import runner_for
 from airflow_provider_raybatch.version_compat import (
-    AIRFLOW_VERSION,
-    TRIGGER_ON_KILL,
-    AirflowException,
     AirflowFailException,
     AirflowTaskTimeout,
     conf,
-    note_once,
 )
 
 if TYPE_CHECKING:
@@ -57,23 +46,22 @@ if TYPE_CHECKING:
 
     from airflow_provider_raybatch.pipeline.partitions import Partition
     from airflow_provider_raybatch.pipeline.summary import RunSummary
-    from airflow_provider_raybatch.runners.base import PipelineRunner
 
 #: ``asset`` not given: derive it from the output path.
 _DERIVED: Any = object()
+#: The defaults of the arguments the operator shares with the config are the config's.
+_CONFIG = BatchInferenceConfig
 
 
-class RayPipelineOperator(BaseOperator):
+class RayPipelineOperator(RayJobFollowing, BaseOperator):
     """Base of the provider's operators: Parquet in, a chain of stages on Ray Data, Parquet out.
 
     A subclass says which stages to run (:meth:`build_stages`); this class plans checkpointed
-    row ranges and runs them, and returns the run's summary (to XCom).
+    row ranges and runs them, and returns the run's summary (to XCom). The arguments it shares with
+    :class:`~airflow_provider_raybatch.pipeline.config.BatchInferenceConfig` (and ``table_*`` with
+    :class:`~airflow_provider_raybatch.pipeline.config.TableOutput`) are described there, once;
+    their ``:param:`` lines below are composed from it, with how the operator renders them.
 
-    :param input_path: a Parquet file, folder or glob: local, ``s3://``, ``gs://``, ``abfs://`` / ``az://``
-        or any fsspec URL (templated).
-    :param output_path: the output folder (templated); must not overlap the input (compared after
-        resolving ``..`` and symlinks, in both directions) and must not be an existing file. For a
-        Delta table, the table's root; for an Iceberg table, its location (where its files go).
     :param output_format: ``"parquet"`` (default: a folder of Parquet files), ``"delta"`` (a Delta
         Lake table; the ``delta`` extra) or ``"iceberg"`` (an Apache Iceberg table; the ``iceberg``
         extra). A table gets this run's rows exactly once, in table commits naming the ranges they
@@ -84,22 +72,6 @@ class RayPipelineOperator(BaseOperator):
         added to every row.
     :param iceberg_conn_id: the Iceberg catalog's connection (:class:`~airflow_provider_raybatch.hooks.iceberg_catalog.IcebergCatalogHook`);
         when it does not exist, the SQL catalog on SQLite under ``$AIRFLOW_HOME/raybatch/iceberg/``.
-    :param table_commit_interval: seconds between a table's commits while a run appends.
-    :param table_add_columns: when the output has columns the existing table lacks, and only that
-        (every column of the table still written, with its type), add them to the table (nullable:
-        its earlier rows read null in them) before the run's rows join it. Default False: a run
-        whose columns differ from the table's in any way fails with ``OutputSchemaError`` naming
-        them. Once added, a column is part of the table: every later run must write it.
-    :param columns: input columns to read (None: all) (templated: a rendered ``"None"`` or ``""`` is
-        None; a list renders as text unless the DAG sets ``render_template_as_native_obj=True``, and
-        text is refused).
-    :param keep_columns: input columns written to the output (None: every column read) (templated,
-        as ``columns``).
-    :param id_column: a unique row key of the input, always written; None writes ``_row_id``
-        derived from (file, row).
-    :param rows_per_range: rows per checkpointed range (cut at row-group boundaries).
-    :param mode: ``"resume"`` (default) skips committed ranges; ``"overwrite"`` starts the output
-        afresh once per DAG run (a retry of the same run resumes) (templated).
     :param ray_conn_id: the ``ray`` connection; no such connection (or None): embedded local Ray.
     :param aws_conn_id: an Airflow AWS connection for ``s3://`` paths, resolved by the Amazon
         provider's hook (keys, profile, assumed role, region, endpoint; the ``amazon`` extra);
@@ -114,26 +86,6 @@ class RayPipelineOperator(BaseOperator):
         cluster never receives them: it uses the cluster's own credentials.
     :param deferrable: on a cluster, wait for the job in the triggerer instead of a worker slot.
     :param poll_interval: seconds between job status checks on a cluster.
-    :param max_rows: a smoke run: process only the input's first ``max_rows`` rows (templated: a
-        rendered ``"100"`` is 100, ``"None"`` or ``""`` is None).
-        Recorded with the output, so a limited output is never resumed by a full run: give smoke
-        runs their own output path. A smoke run emits no event on ``asset``.
-    :param max_error_fraction: the largest share of rows reaching a model that may fail (and go to
-        the rejects, as rows a predictor rejects with ``engine_error``) before the task fails; such
-        a failure is not retried, as a retry would count the same committed errors (templated: a
-        rendered ``"0.05"`` is 0.05; None, ``"None"`` and ``""`` are refused, as None would be
-        ambiguous between the default and no limit).
-    :param lease_timeout: seconds without a heartbeat after which another task may take over the
-        output's writer lease from a silent writer (a frozen or lost worker). While a writer's
-        lease is live, a second task on the same output fails at once (and retries) naming it.
-        At least 30 s; each writer is judged by its own (recorded with its lease).
-    :param progress_timeout: seconds (or a ``timedelta``) in which the pipeline must commit a range
-        or deliver a batch (templated: a rendered ``"90"`` is 90, ``"None"`` or ``""`` is None).
-        Past it (a predictor hung on a batch) the try fails with a retryable ``NoProgressError``
-        naming the stage that holds the unfinished batches and the last commit, and Ray's
-        processes of the try are stopped; the retry resumes after the committed ranges. Default one hour; None: no limit. ``execution_timeout`` bounds the whole
-        try however much it commits, so it must allow for the whole run; this catches a stall
-        after the same time whatever the run's size, and says where.
     :param asset: the output's Asset, declared as an outlet; its event's ``extra`` holds the summary.
         Default: derived from ``output_path``'s static prefix (``file:///data/preds`` for
         ``/data/preds/{{ ds }}``), none if it has none; an ``Asset`` or URI; None: no outlet.
@@ -174,21 +126,21 @@ class RayPipelineOperator(BaseOperator):
         *,
         input_path: str,
         output_path: str,
-        columns: list[str] | None = None,
-        keep_columns: list[str] | None = None,
-        id_column: str | None = None,
-        rows_per_range: int = 100_000,
-        mode: str = "resume",
+        columns: list[str] | None = _CONFIG.columns,
+        keep_columns: list[str] | None = _CONFIG.keep_columns,
+        id_column: str | None = _CONFIG.id_column,
+        rows_per_range: int = _CONFIG.rows_per_range,
+        mode: Literal["resume", "overwrite"] = _CONFIG.mode,
         ray_conn_id: str | None = RayHook.default_conn_name,
         aws_conn_id: str | None = None,
         gcp_conn_id: str | None = None,
         azure_conn_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 5.0,
-        max_rows: int | None = None,
-        max_error_fraction: float = 0.01,
-        lease_timeout: float = DEFAULT_LEASE_TIMEOUT_S,
-        progress_timeout: float | timedelta | None = DEFAULT_PROGRESS_TIMEOUT_S,
+        max_rows: int | None = _CONFIG.max_rows,
+        max_error_fraction: float = _CONFIG.max_error_fraction,
+        lease_timeout: float = _CONFIG.lease_timeout,
+        progress_timeout: float | timedelta | None = _CONFIG.progress_timeout,
         asset: Asset | str | None = _DERIVED,
         plan_partitions: int | None = None,
         partition: dict[str, Any] | None = None,
@@ -196,8 +148,8 @@ class RayPipelineOperator(BaseOperator):
         table: str | None = None,
         table_partition: dict[str, str] | None = None,
         iceberg_conn_id: str | None = IcebergCatalogHook.default_conn_name,
-        table_commit_interval: float = DEFAULT_TABLE_COMMIT_INTERVAL_S,
-        table_add_columns: bool = False,
+        table_commit_interval: float = TableOutput.commit_interval,
+        table_add_columns: bool = TableOutput.add_columns,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -325,47 +277,6 @@ class RayPipelineOperator(BaseOperator):
                 self._unfollowed(context, str(e))
             return self._done(context, outcome, config.max_rows)
 
-    def _follow_job(
-        self, context: Context, runner: PipelineRunner, info: JobInfo, config: BatchInferenceConfig
-    ) -> JobInfo:
-        """Link the task to its Ray job, then wait for the job to end here, or defer to the triggerer."""
-        self.submission_id = info.submission_id
-        if (cluster := self.hook.cluster) is not None:
-            context["ti"].xcom_push(key=RAY_JOB_URL_KEY, value=cluster.job_url(info.submission_id))
-        if not info.is_active:
-            return info
-        if self.deferrable:
-            from airflow_provider_raybatch.triggers.ray_job import RayJobTrigger
-
-            if not TRIGGER_ON_KILL:
-                note_once(
-                    "trigger_on_kill",
-                    "Airflow %s does not tell a trigger that its task was killed (3.3+): a task marked failed "
-                    "while deferred leaves its Ray job %s running until it ends or reaches its deadline",
-                    AIRFLOW_VERSION,
-                    info.submission_id,
-                )
-
-            self.defer(
-                trigger=RayJobTrigger(
-                    ray_conn_id=self.ray_conn_id,
-                    submission_id=info.submission_id,
-                    poll_interval=self.poll_interval,
-                    deadline=self._deadline(context),
-                ),
-                method_name="execute_complete",
-                # What the job's result needs once it ended (no secret): the config is not built again.
-                kwargs={
-                    "output_path": config.output_path,
-                    "planning": self.plan_partitions is not None,
-                    "max_rows": config.max_rows,
-                },
-            )
-        # In the worker, Airflow's own execution_timeout interrupts this wait and calls on_kill.
-        return runner.wait(
-            info, poll_interval=self.poll_interval, log_line=lambda line: self.log.info("[ray job] %s", line)
-        )
-
     def execute_complete(
         self,
         context: Context,
@@ -401,62 +312,6 @@ class RayPipelineOperator(BaseOperator):
             result = self._job_result(runner, info, output_path, self._storage_options(), bool(planning))
             return self._done(context, result, max_rows)
 
-    def _unfollowed(self, context: Context, message: str) -> NoReturn:
-        """Fail the try when the job could not be submitted or followed (the Jobs API refused, or
-        stayed unavailable past the connection's ``outage_timeout``).
-
-        The next try reattaches to the job. After the last try there is none: its job is stopped
-        (as ``on_kill`` does), so that no writer goes on unseen while Airflow calls the task failed.
-        """
-        ti = context["ti"]
-        last_try = not (self.retries and ti.try_number <= ti.max_tries)
-        if last_try and self.submission_id is not None and self.hook.cluster is not None:
-            try:
-                stopped = self.hook.stop_job(self.submission_id)
-                self.log.warning(
-                    "This is the task's last try: %s",
-                    f"stopped its Ray job {self.submission_id}"
-                    if stopped
-                    else f"its Ray job {self.submission_id} had already ended",
-                )
-            except RayJobsError as e:
-                self.log.error(
-                    "This is the task's last try, and its Ray job %s could not be stopped (%s): it may still be "
-                    "running and writing %s; stop it from the Ray dashboard",
-                    self.submission_id,
-                    e,
-                    self.output_path,
-                )
-        raise AirflowException(message)
-
-    def on_kill(self) -> None:
-        """The task was killed or marked failed: stop its Ray job (stop, not delete: its log stays)."""
-        if self.submission_id and self.hook.cluster is not None:
-            self.hook.stop_job(self.submission_id)
-
-    def _deadline(self, context: Context) -> float | None:
-        """The try's absolute deadline (Unix time), from ``execution_timeout``.
-
-        For the trigger: Airflow 3.3 does not apply ``execution_timeout`` to a deferred task.
-        """
-        if self.execution_timeout is None:
-            return None
-        started = context["ti"].start_date
-        return (started.timestamp() if started else time.time()) + self.execution_timeout.total_seconds()
-
-    @staticmethod
-    def _job_result(
-        runner: PipelineRunner, info: JobInfo, output_path: str, options: dict[str, Any], planning: bool
-    ) -> RunSummary | list[Partition]:
-        """The ended job's result; a job that failed fails the try, without a retry where one cannot help."""
-        result = runner.result(info, output_path, options, planning=planning)
-        if isinstance(result, JobFailure):
-            if not result.retryable:
-                # Bad settings or input found by the job: a retry would fail the same way.
-                raise AirflowFailException(result.message)
-            raise AirflowException(result.message)
-        return result
-
     def _done(
         self, context: Context, outcome: RunSummary | list[Partition], max_rows: int | None
     ) -> dict[str, Any] | list[dict[str, Any]]:
@@ -482,6 +337,9 @@ class RayPipelineOperator(BaseOperator):
             return operator_lineage(self.input_path, self.output_path)
         catalog = IcebergCatalogHook(self.iceberg_conn_id).catalog_properties()
         return operator_lineage(self.input_path, self.output_path, self.table, catalog)
+
+
+RayPipelineOperator.__doc__ = (RayPipelineOperator.__doc__ or "").rstrip() + shared_param_docs()
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
+from airflow_provider_raybatch.pipeline.described import described, param_docs
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 from airflow_provider_raybatch.pipeline.resources import ReplicaResources, is_int, is_number
 
@@ -159,33 +160,42 @@ class TableOutput:
 
     The run's rows are staged as a Parquet output of their own under the table's location, then
     join the table in table commits that each add whole ranges, exactly once.
-
-    :param format: ``"delta"`` or ``"iceberg"``.
-    :param partition: the table's partition this run writes, column -> value (``{"ds": "2026-11-24"}``):
-        every row written gets the column; ``mode="overwrite"`` replaces exactly this partition.
-    :param writer: names the task writing (e.g. ``"<dag id>.<task id>"``): with ``partition`` it
-        identifies the writer's commits in the table, across tries and runs.
-    :param identifier: the Iceberg table (``namespace.table``).
-    :param catalog: the Iceberg catalog's pyiceberg properties (``type``, ``uri``, ``warehouse``...);
-        never logged or sent in a job spec (it may hold a password).
-    :param commit_interval: seconds between table commits while a run appends (``mode="resume"``);
-        each adds every range committed since the last. An overwrite makes one commit at its end.
-    :param add_columns: when this run's output has columns the table lacks (and only that: every
-        column of the table with its type), add them to the table (nullable: its rows so far read
-        null in them) before this run's rows join it. False: such a run is refused, as any other
-        difference from the table's schema always is.
-    :param generation: set on the tasks of a mapped run (from their planned partition): the
-        generation that its planning task chose, which they write together (None: the run chooses).
     """
 
-    format: Literal["delta", "iceberg"]
-    partition: dict[str, str]
-    writer: str
-    identifier: str | None = None
-    catalog: dict[str, Any] = field(default_factory=dict, repr=False)
-    commit_interval: float = DEFAULT_TABLE_COMMIT_INTERVAL_S
-    add_columns: bool = False
-    generation: int | None = None
+    format: Literal["delta", "iceberg"] = described('``"delta"`` or ``"iceberg"``.')
+    partition: dict[str, str] = described(
+        'the table\'s partition this run writes, column -> value (``{"ds": "2026-11-24"}``): every row written '
+        'gets the column; ``mode="overwrite"`` replaces exactly this partition.'
+    )
+    writer: str = described(
+        'names the task writing (e.g. ``"<dag id>.<task id>"``): with ``partition`` it identifies the writer\'s '
+        "commits in the table, across tries and runs."
+    )
+    identifier: str | None = described("the Iceberg table (``namespace.table``).", default=None)
+    catalog: dict[str, Any] = described(
+        "the Iceberg catalog's pyiceberg properties (``type``, ``uri``, ``warehouse``...); never logged or sent "
+        "in a job spec (it may hold a password).",
+        default_factory=dict,
+        repr=False,
+    )
+    commit_interval: float = described(
+        'seconds between a table\'s commits while a run appends (``mode="resume"``); each adds every range '
+        "committed since the last. An overwrite makes one commit at its end.",
+        default=DEFAULT_TABLE_COMMIT_INTERVAL_S,
+    )
+    add_columns: bool = described(
+        "when the output has columns the existing table lacks, and only that (every column of the table still "
+        "written, with its type), add them to the table (nullable: its earlier rows read null in them) before "
+        "the run's rows join it. False: a run whose columns differ from the table's in any way fails with "
+        "``OutputSchemaError`` naming them. Once added, a column is part of the table: every later run must "
+        "write it.",
+        default=False,
+    )
+    generation: int | None = described(
+        "set on the tasks of a mapped run (from their planned partition): the generation that its planning "
+        "task chose, which they write together (None: the run chooses).",
+        default=None,
+    )
 
     def validate(self) -> None:
         if self.format not in OUTPUT_FORMATS[1:]:
@@ -218,56 +228,76 @@ class TableOutput:
 class BatchInferenceConfig:
     """A batch inference run: Parquet in, one or more stages, Parquet out, checkpointed by range.
 
-    :param input_path: a Parquet file, a folder of them, or a glob; local or ``s3://``.
-    :param output_path: the output folder; bookkeeping lives in ``<output_path>/_raybatch/``.
-    :param stages: the stages, applied in order; each sees the previous one's output.
-    :param columns: input columns to read (None: all).
-    :param keep_columns: input columns copied to the output (None: every column read).
-    :param id_column: a unique row key in the input, always written. None: ``_row_id`` is derived
-        from (file, row).
-    :param rows_per_range: rows per checkpointed range (ranges follow row groups).
-    :param mode: ``"resume"`` keeps committed ranges; ``"overwrite"`` starts the output afresh
-        (once per ``run_key``: a retry of the same run resumes what that run committed).
-    :param run_key: identifies the run that asked (e.g. Airflow dag/run/task ids).
-    :param max_rows: process only the input's first ``max_rows`` rows (a smoke run). Part of the
-        job signature: a limited output is never resumed or completed by an unlimited run.
-    :param range_ids: process only these ranges of an output already planned by
-        :func:`~airflow_provider_raybatch.pipeline.partitions.plan_partitions` (one partition
-        of a mapped run); None: every range.
-    :param storage_options: fsspec options for both paths (credentials); never logged or saved.
-    :param max_error_fraction: the largest share of engine errors tolerated among the rows that
-        reached a model (rows a stage rejected as ``engine_error``, over those rows plus the rows
-        written). Past it the run fails with :class:`TooManyErrorsError`. Rows rejected as invalid
-        input never reached a model and do not count.
-    :param try_number: the Airflow try running it, named in the output's writer lease.
-    :param lease_timeout: seconds without a heartbeat after which the output's writer lease of a
-        silent writer may be taken over (see :mod:`~airflow_provider_raybatch.pipeline.commit.lease`);
-        recorded with the lease, by which others judge this writer; at least :data:`MIN_LEASE_TIMEOUT_S`.
-    :param table: the Delta or Iceberg table the output is (``output_path`` is then the table's
-        root, or location); None: a Parquet folder.
-    :param progress_timeout: seconds in which the pipeline must commit a range or deliver a batch;
-        past it the run fails with the retryable :class:`NoProgressError` naming the stage that
-        holds the unfinished batches (see :mod:`~airflow_provider_raybatch.pipeline.execution.watchdog`).
-        None: no limit (Ray Data's own no-progress guard is off then too).
+    The operators take the same arguments, described once here (see :mod:`~airflow_provider_raybatch.pipeline.described`).
     """
 
-    input_path: str
-    output_path: str
-    stages: list[Stage]
-    columns: list[str] | None = None
-    keep_columns: list[str] | None = None
-    id_column: str | None = None
-    rows_per_range: int = 100_000
-    mode: Literal["resume", "overwrite"] = "resume"
-    run_key: str | None = None
-    max_rows: int | None = None
-    range_ids: list[str] | None = None
-    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
-    max_error_fraction: float = 0.01
-    try_number: int | None = None
-    lease_timeout: float = DEFAULT_LEASE_TIMEOUT_S
-    progress_timeout: float | None = DEFAULT_PROGRESS_TIMEOUT_S
-    table: TableOutput | None = None
+    input_path: str = described(
+        "a Parquet file, folder or glob: local, ``s3://``, ``gs://``, ``abfs://`` / ``az://`` or any fsspec URL."
+    )
+    output_path: str = described(
+        "the output folder; bookkeeping lives in ``<output_path>/_raybatch/``. It must not overlap the input "
+        "(compared after resolving ``..`` and symlinks, in both directions) and must not be an existing file. "
+        "For a Delta table, the table's root; for an Iceberg table, its location (where its files go)."
+    )
+    stages: list[Stage] = described("the stages, applied in order; each sees the previous one's output.")
+    columns: list[str] | None = described("input columns to read (None: all).", default=None)
+    keep_columns: list[str] | None = described(
+        "input columns written to the output (None: every column read).", default=None
+    )
+    id_column: str | None = described(
+        "a unique row key of the input, always written; None writes ``_row_id`` derived from (file, row).",
+        default=None,
+    )
+    rows_per_range: int = described("rows per checkpointed range (cut at row-group boundaries).", default=100_000)
+    mode: Literal["resume", "overwrite"] = described(
+        '``"resume"`` (default) skips committed ranges; ``"overwrite"`` starts the output afresh once per run '
+        "(``run_key``; for a task, once per DAG run): a retry of the same run resumes what that run committed.",
+        default="resume",
+    )
+    run_key: str | None = described("identifies the run that asked (e.g. Airflow dag/run/task ids).", default=None)
+    max_rows: int | None = described(
+        "a smoke run: process only the input's first ``max_rows`` rows. Recorded with the output (part of the "
+        "job signature), so a limited output is never resumed or completed by a full run: give smoke runs "
+        "their own output path.",
+        default=None,
+    )
+    range_ids: list[str] | None = described(
+        "process only these ranges of an output already planned by "
+        ":func:`~airflow_provider_raybatch.pipeline.partitions.plan_partitions` (one partition of a mapped "
+        "run); None: every range.",
+        default=None,
+    )
+    storage_options: dict[str, Any] = described(
+        "fsspec options for both paths (credentials); never logged or saved.", default_factory=dict, repr=False
+    )
+    max_error_fraction: float = described(
+        "the largest share of the rows reaching a model that may fail (rows a stage rejects with "
+        "``engine_error``, which go to the rejects, over those rows plus the rows written) before the run "
+        "fails with ``TooManyErrorsError``, which is not retried: a retry would count the same committed "
+        "errors. Rows rejected as invalid input never reached a model and do not count.",
+        default=0.01,
+    )
+    try_number: int | None = described("the Airflow try running it, named in the output's writer lease.", default=None)
+    lease_timeout: float = described(
+        "seconds without a heartbeat after which another writer may take over the output's writer lease from "
+        "a silent one (a frozen or lost worker). While a writer's lease is live, a second writer on the same "
+        "output fails at once (retryably) naming it. At least 30 s; recorded with the lease: each writer is "
+        "judged by its own (see :mod:`~airflow_provider_raybatch.pipeline.commit.lease`).",
+        default=DEFAULT_LEASE_TIMEOUT_S,
+    )
+    progress_timeout: float | None = described(
+        "seconds in which the pipeline must commit a range or deliver a batch. Past it (a predictor hung on a "
+        "batch) the try fails with a retryable ``NoProgressError`` naming the stage that holds the unfinished "
+        "batches and the last commit, and Ray's processes of the try are stopped; a retry resumes after the "
+        "committed ranges (see :mod:`~airflow_provider_raybatch.pipeline.execution.watchdog`). Default one "
+        "hour; None: no limit (Ray Data's own no-progress guard is off then too).",
+        default=DEFAULT_PROGRESS_TIMEOUT_S,
+    )
+    table: TableOutput | None = described(
+        "the Delta or Iceberg table the output is (``output_path`` is then the table's root, or location); "
+        "None: a Parquet folder.",
+        default=None,
+    )
 
     def validate(self) -> None:
         if not self.input_path:
@@ -341,6 +371,10 @@ class BatchInferenceConfig:
             # Absent (None) in outputs planned before max_rows existed: they compare equal.
             "max_rows": self.max_rows,
         }
+
+
+TableOutput.__doc__ += param_docs(TableOutput)
+BatchInferenceConfig.__doc__ += param_docs(BatchInferenceConfig)
 
 
 def _is_seconds(value: Any) -> bool:

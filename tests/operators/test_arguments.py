@@ -1,0 +1,52 @@
+"""Each argument the operators share with the config is declared once: same name, default, type and description."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import MISSING, fields
+
+import pytest
+
+from airflow_provider_raybatch.operators.arguments import SHARED_ARGUMENTS
+from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TableOutput
+
+OPERATOR = inspect.signature(RayPipelineOperator.__init__).parameters
+#: The config's fields the operator takes under the same name (computed: a new one is checked too), but
+#: ``table``: the operator's is the Iceberg table's name (the config's ``table.identifier``).
+SHARED = [f for f in fields(BatchInferenceConfig) if f.name in OPERATOR and f.name != "table"]
+#: The table output's fields the operator takes as ``table_<name>`` (``table_partition`` has its own default).
+SHARED_TABLE = [f for f in fields(TableOutput) if f.name in ("commit_interval", "add_columns")]
+#: What the operator accepts beyond the config's type, and renders to it.
+WIDER = {"progress_timeout": "float | timedelta | None"}
+
+
+def params(doc: str) -> dict[str, str]:
+    """``:param name: text`` of a docstring, by name, its text on one line."""
+    found = re.findall(r":param (\w+):(.*?)(?=\n\s*:param |\Z)", inspect.cleandoc(doc), re.DOTALL)
+    return {name: " ".join(text.split()) for name, text in found}
+
+
+def test_every_argument_the_operator_shares_with_the_config_has_its_description_composed():
+    assert [f.name for f in SHARED] == list(SHARED_ARGUMENTS)
+
+
+@pytest.mark.parametrize(
+    ("name", "field"), [(f.name, f) for f in SHARED] + [(f"table_{f.name}", f) for f in SHARED_TABLE]
+)
+def test_a_shared_argument_has_the_config_s_default_type_and_description(name, field):
+    param = OPERATOR[name]
+    default = inspect.Parameter.empty if field.default is MISSING else field.default
+    assert param.default == default
+    assert param.annotation == WIDER.get(field.name, field.type)
+    config_doc = params(BatchInferenceConfig.__doc__ if field in SHARED else TableOutput.__doc__)[field.name]
+    # The operator's text is the config's, then how the operator renders it.
+    assert params(RayPipelineOperator.__doc__)[name].startswith(config_doc)
+
+
+@pytest.mark.parametrize("cls", [BatchInferenceConfig, TableOutput])
+def test_every_config_field_is_described_in_the_class_docstring(cls):
+    documented = params(cls.__doc__)
+    assert list(documented) == [f.name for f in fields(cls)]
+    assert all(documented.values())
