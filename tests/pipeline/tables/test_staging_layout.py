@@ -1,12 +1,16 @@
 """The staging layout's readers (:mod:`.tables.staging`): which writers staged rows for a partition,
-and a generation's table commits as they are on disk."""
+and a generation's table commits as they are on disk; the status and the verifier read them alike."""
 
 from __future__ import annotations
 
 import json
 
 import fsspec
+import pytest
 
+from airflow_provider_raybatch.pipeline.errors import OutputNotFoundError
+from airflow_provider_raybatch.pipeline.output_ref import OutputRef
+from airflow_provider_raybatch.pipeline.status import read_table_status, verify
 from airflow_provider_raybatch.pipeline.tables.staging import (
     StagedWriter,
     TableIntent,
@@ -53,3 +57,14 @@ def test_intents_are_read_as_earlier_releases_wrote_them_and_written_the_same_wa
     assert first.to_json() == json.dumps(written, sort_keys=True).encode()
     assert intents(fs, generation, start=1) == [second]
     assert path.endswith("/g0/_raybatch/table/00000000.json")
+
+
+def test_a_file_in_the_partitions_folder_is_no_writer_for_status_and_verify_alike(tmp_path):
+    # Another writer's data file where the provider's writers' folders are (the status read it as a folder).
+    (tmp_path / "ds=1").mkdir()
+    (tmp_path / "ds=1" / "other.parquet").write_bytes(b"PAR1")
+
+    with pytest.raises(OutputNotFoundError, match="no writer of this provider staged rows"):
+        read_table_status(str(tmp_path), {"ds": "1"})
+    ref = OutputRef(str(tmp_path), "delta", {"ds": "1"})
+    assert verify(ref) == [f"{tmp_path}: no writer of this provider staged rows for partition {{'ds': '1'}}"]
