@@ -28,12 +28,12 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
+from airflow_provider_raybatch.pipeline.output_ref import OutputRef
 
 #: Files a verify reads before it draws a progress bar (a short one finishes before a bar helps).
 PROGRESS_MIN_FILES = 20
@@ -49,17 +49,17 @@ def main(argv: list[str] | None = None, prog: str = "raybatch") -> int:
     """
     parser = _parser(prog)
     args = parser.parse_args(argv)
-    table = args.format != "parquet"
     partition = _pairs(parser, args.partition, "--partition")
-    if table and not partition:
+    if args.format != "parquet" and not partition:
         parser.error("--partition COLUMN=VALUE is needed for a table")
+    catalog = _pairs(parser, getattr(args, "catalog", []), "--catalog")
     try:
-        options = _storage_options(args)
+        output = _output(args, partition if args.format != "parquet" else {}, catalog)
         if args.command == "status":
-            return _status(args, options, partition if table else None)
+            return _status(args, output)
         if args.command == "rejects":
-            return _rejects(parser, args, options, partition if table else None)
-        return _verify(parser, args, options, partition if table else None)
+            return _rejects(parser, args, output)
+        return _verify(args, output)
     except RayBatchError as e:  # a path without an output, a connection that does not resolve
         print(f"{prog}: error: {e}", file=sys.stderr)
         return USAGE_ERROR
@@ -100,23 +100,29 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The connections' fsspec options, or None (the environment's credentials).
+def _output(args: argparse.Namespace, partition: dict[str, str], catalog: dict[str, str]) -> OutputRef:
+    """The output the flags name, with the connections' credentials (none named: the environment's).
 
-    The hooks are imported only when a connection is named: they need Airflow and its configuration.
+    The hooks import Airflow only when a connection is named: it needs its configuration then.
     """
-    conn_ids = {"aws_conn_id": args.aws_conn_id, "gcp_conn_id": args.gcp_conn_id, "azure_conn_id": args.azure_conn_id}
-    if not any(conn_ids.values()):
-        return None
     # Airflow logs to stdout as it reads a connection: to stderr here, so that stdout stays the
     # result (one JSON document with --json). At the descriptor, as its loggers hold their stream.
     sys.stdout.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
     try:
-        from airflow_provider_raybatch.hooks.object_stores import storage_options
+        from airflow_provider_raybatch.hooks.output_refs import resolve_output
 
-        return storage_options(**conn_ids)
+        return resolve_output(
+            args.output_path,
+            args.format,
+            partition,
+            getattr(args, "table", None),
+            catalog,
+            aws_conn_id=args.aws_conn_id,
+            gcp_conn_id=args.gcp_conn_id,
+            azure_conn_id=args.azure_conn_id,
+        )
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
@@ -126,20 +132,18 @@ def _storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 # --- status ----------------------------------------------------------------------------------
 
 
-def _status(args: argparse.Namespace, options: dict[str, Any] | None, partition: dict[str, str] | None) -> int:
-    from airflow_provider_raybatch.pipeline.status import read_status, read_table_status
+def _status(args: argparse.Namespace, output: OutputRef) -> int:
+    from airflow_provider_raybatch.pipeline.status import read_output
 
-    timeout = args.lease_timeout
-    if partition is None:
-        status = read_status(args.output_path, options, lease_timeout_s=timeout)
+    writers = read_output(output, lease_timeout_s=args.lease_timeout)
+    if not output.is_table:
         if args.json:
-            _print_json(status.to_dict())
+            _print_json(writers[0].to_dict())
         else:
-            print(describe_status(status))
+            print(describe_status(writers[0]))
         return 0
-    writers = read_table_status(args.output_path, partition, options, lease_timeout_s=timeout)
     if args.json:
-        _print_json({"table": args.output_path, "partition": partition, "writers": [w.to_dict() for w in writers]})
+        _print_json({"table": output.path, "partition": output.partition, "writers": [w.to_dict() for w in writers]})
     else:
         print("\n\n".join(f"writer {w.writer}, generation {w.generation}\n{describe_status(w)}" for w in writers))
     return 0
@@ -223,27 +227,17 @@ def _duration(seconds: float | None) -> str:
 # --- rejects ---------------------------------------------------------------------------------
 
 
-def _rejects(
-    parser: argparse.ArgumentParser,
-    args: argparse.Namespace,
-    options: dict[str, Any] | None,
-    partition: dict[str, str] | None,
-) -> int:
+def _rejects(parser: argparse.ArgumentParser, args: argparse.Namespace, output: OutputRef) -> int:
     import pyarrow as pa
 
-    from airflow_provider_raybatch.pipeline.status import read_rejects, read_table_status
+    from airflow_provider_raybatch.pipeline.status import read_output_rejects
 
     export = Path(args.export) if args.export else None
     if export is not None and export.suffix.lower() not in (".parquet", ".csv"):
         parser.error(f"--export writes .parquet or .csv, not {export.name!r}")
     if args.limit < 0:
         parser.error("--limit takes a number >= 0")
-    limit = None if export is not None else args.limit
-    if partition is None:
-        paths = [args.output_path]
-    else:
-        paths = [w.path for w in read_table_status(args.output_path, partition, options)]
-    samples = [read_rejects(path, options, limit) for path in paths]
+    samples = read_output_rejects(output, None if export is not None else args.limit)
     rows = [s.rows for s in samples if s.rows.num_columns]
     table = pa.concat_tables(rows, promote_options="permissive") if rows else pa.table({})
     rejected = sum(s.rejected for s in samples)
@@ -319,27 +313,13 @@ def _cell(value: Any, width: int) -> str:
 # --- verify ----------------------------------------------------------------------------------
 
 
-def _verify(
-    parser: argparse.ArgumentParser,
-    args: argparse.Namespace,
-    options: dict[str, Any] | None,
-    partition: dict[str, str] | None,
-) -> int:
+def _verify(args: argparse.Namespace, output: OutputRef) -> int:
+    from airflow_provider_raybatch.pipeline.status import verify
+
     bar = ProgressBar(sys.stderr) if sys.stderr.isatty() and not args.json else None
     warnings: list[str] = []  # worth knowing, but no fault: the exit status ignores them
     try:
-        if partition is None:
-            from airflow_provider_raybatch.pipeline.commit.verify import verify_output
-
-            faults = verify_output(args.output_path, options, bar, warnings)
-            what = "every planned range committed, every file as recorded, row keys unique"
-        else:
-            from airflow_provider_raybatch.pipeline.tables.verify import table_config, verify_table
-
-            catalog = _pairs(parser, args.catalog, "--catalog")
-            config = table_config(args.output_path, args.format, partition, args.table, catalog)
-            faults = verify_table(replace(config, storage_options=options or {}), bar)
-            what = f"partition {partition}: every range in the table's current snapshot once, row keys unique"
+        faults = verify(output, bar, warnings)
     finally:
         if bar is not None:
             bar.close()
@@ -349,6 +329,11 @@ def _verify(
         for fault in faults:
             print(f"FAULT {fault}")
         if not faults:
+            what = (
+                f"partition {output.partition}: every range in the table's current snapshot once, row keys unique"
+                if output.is_table
+                else "every planned range committed, every file as recorded, row keys unique"
+            )
             print(f"OK {args.output_path}: {what}")
         for warning in warnings:
             print(f"WARNING {warning}")

@@ -100,7 +100,7 @@ def test_code_that_runs_on_ray_imports_no_airflow_module_of_the_provider(layer):
 #: and the layers below it, never one above: stores know nothing of plans, planning and the local
 #: Ray nothing of commits, the commit protocol nothing of Ray Data, and nothing below runs a task.
 PIPELINE_LAYERS = [
-    ("store", "errors", "columns", "ray_compat", "resources", "described", "config"),
+    ("store", "errors", "columns", "ray_compat", "resources", "described", "config", "output_ref"),
     ("runtime", "planning"),
     ("commit", "tables", "status", "summary"),
     ("execution",),

@@ -407,6 +407,7 @@ def test_a_delta_table_through_the_connection_gets_each_row_once(store, capfd):
     from deltalake import DeltaTable
 
     from airflow_provider_raybatch.pipeline.config import TableOutput
+    from airflow_provider_raybatch.pipeline.output_ref import OutputRef
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
     from airflow_provider_raybatch.pipeline.tables.verify import verify_table
 
@@ -429,7 +430,7 @@ def test_a_delta_table_through_the_connection_gets_each_row_once(store, capfd):
     rows = table.to_pyarrow_table()
     assert_exactly_once(rows, range(250))
     assert rows["ds"].unique().to_pylist() == ["2026-11-24"]
-    assert verify_table(config) == []
+    assert verify_table(OutputRef.of(config)) == []
 
     again = run_batch_inference(config)
     assert again.ranges_skipped == summary.ranges_total and again.rows_processed == 0
@@ -463,6 +464,7 @@ def test_an_iceberg_table_through_the_connection_gets_each_row_once(store, tmp_p
     endpoint, Azure through the account key); the SQL catalog on SQLite."""
     pytest.importorskip("pyiceberg")
     from airflow_provider_raybatch.pipeline.config import TableOutput
+    from airflow_provider_raybatch.pipeline.output_ref import OutputRef
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
     from airflow_provider_raybatch.pipeline.tables.verify import verify_table
 
@@ -487,7 +489,7 @@ def test_an_iceberg_table_through_the_connection_gets_each_row_once(store, tmp_p
     rows = table.scan().to_arrow()
     assert_exactly_once(rows, range(250))
     assert rows["ds"].unique().to_pylist() == ["2026-11-24"]
-    assert verify_table(config) == []
+    assert verify_table(OutputRef.of(config)) == []
     if store.name == "gs":
         assert len(store.issued()) > issued, "no token was issued for the service account: not its credentials"
 

@@ -31,6 +31,12 @@ class RayBatchError(Exception):
         return self
 
 
+class OutputNotFoundError(RayBatchError):
+    """What a reader names holds no output of this provider: nothing planned at a path, no writer
+    of a table's partition, or (the UI plugin, which answers it as HTTP 404) no such DAG, run or
+    task, or a task that writes no output."""
+
+
 class NotRetryableError(RayBatchError):
     """Retrying cannot help: the same settings, input or committed output would fail the same way.
 

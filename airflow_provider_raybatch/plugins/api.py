@@ -26,9 +26,10 @@ from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 from sqlalchemy import select
 
+from airflow_provider_raybatch.pipeline.errors import OutputNotFoundError
 from airflow_provider_raybatch.plugins import figures
 from airflow_provider_raybatch.plugins.access import can_read, can_verify
-from airflow_provider_raybatch.plugins.outputs import NotFound, TaskRef, inference_tasks, resolve, resolve_runs
+from airflow_provider_raybatch.plugins.outputs import TaskRef, inference_tasks, resolve, resolve_runs
 
 #: Where the api-server mounts the app.
 URL_PREFIX = "/raybatch"
@@ -63,7 +64,7 @@ def _resolve(ref: TaskRef) -> Any:
     with _session() as session:
         try:
             return resolve(ref, session)
-        except NotFound as e:
+        except OutputNotFoundError as e:
             raise HTTPException(404, str(e)) from None
 
 
@@ -96,7 +97,7 @@ def run_figures(dag_id: str, run_id: str) -> dict[str, Any]:
     with _session() as session:
         try:
             outputs = resolve_runs(dag_id, [run_id], session)
-        except NotFound as e:
+        except OutputNotFoundError as e:
             raise HTTPException(404, str(e)) from None
     return {"dag_id": dag_id, "run_id": run_id, "lines": figures.summary_lines(outputs)}
 
@@ -109,7 +110,7 @@ def dag_figures(dag_id: str, limit: int = Query(DAG_PAGE_RUNS, ge=1, le=500)) ->
     with _session() as session:
         try:
             tasks = list(inference_tasks(dag_id, session))
-        except NotFound as e:
+        except OutputNotFoundError as e:
             raise HTTPException(404, str(e)) from None
         runs = session.execute(
             select(DagRun.run_id, DagRun.logical_date, DagRun.state)

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
-from airflow_provider_raybatch.plugins.outputs import ResolvedOutput, storage_options
+from airflow_provider_raybatch.plugins.outputs import ResolvedOutput, output_ref
 
 #: Rejected rows sent to the page at most.
 REJECTS_SAMPLE = 20
@@ -37,7 +37,7 @@ def output_figures(
     :param rejects: with a sample of rejected rows (read from committed rejects files).
     :param options: the store's fsspec options (default: resolved from the task's connections).
     """
-    from airflow_provider_raybatch.pipeline.status import OutputNotFoundError
+    from airflow_provider_raybatch.pipeline.status import OutputNotFoundError, read_output
 
     started = time.perf_counter()
     document: dict[str, Any] = {"task": output.public(), "found": False, "outputs": []}
@@ -48,8 +48,10 @@ def output_figures(
         )
         return document
     try:
-        options = storage_options(output) if options is None else options
-        statuses = _statuses(output, options, detail)
+        ref = output_ref(output)
+        if options is not None:
+            ref = replace(ref, storage_options=options)
+        statuses = read_output(ref, detail=detail)
     except OutputNotFoundError as e:
         document["message"] = f"no output there yet: {e}"
         return document
@@ -61,20 +63,12 @@ def output_figures(
         entry = status.to_dict()
         entry.pop("rejects_files", None)
         if rejects and status.rows_rejected:
-            entry["rejects"] = _rejects(status, options)
+            entry["rejects"] = _rejects(status, ref.storage_options)
         if output.ref.map_index >= 0:
             entry["partition"] = _own_partition(entry, output)
         document["outputs"].append(entry)
     document["read_s"] = round(time.perf_counter() - started, 4)
     return document
-
-
-def _statuses(output: ResolvedOutput, options: dict[str, Any] | None, detail: bool) -> list[Any]:
-    from airflow_provider_raybatch.pipeline.status import read_status, read_table_status
-
-    if output.output_format == "parquet":
-        return [read_status(output.path, options, detail=detail)]
-    return read_table_status(output.path, output.partition or {}, options, detail=detail)
 
 
 def _rejects(status: Any, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -117,11 +111,13 @@ def _own_partition(entry: dict[str, Any], output: ResolvedOutput) -> dict[str, A
 def summary_line(output: ResolvedOutput) -> dict[str, Any]:
     """One line of a DAG run's or a DAG's page: the task instance's state and its output's progress
     (no plan detail, no rejects sample)."""
+    from airflow_provider_raybatch.pipeline.status import read_output
+
     line: dict[str, Any] = {"task": output.public(), "found": False}
     if output.path is None:
         return line
     try:
-        statuses = _statuses(output, storage_options(output), detail=False)
+        statuses = read_output(output_ref(output))
     except RayBatchError as e:
         line["message"] = str(e)
         return line
@@ -182,17 +178,6 @@ def verify(output: ResolvedOutput, timeout_s: float = VERIFY_TIMEOUT_S) -> dict[
 
 
 def _verify(output: ResolvedOutput) -> list[str]:
-    options = storage_options(output)
-    if output.output_format == "parquet":
-        from airflow_provider_raybatch.pipeline.commit.verify import verify_output
+    from airflow_provider_raybatch.pipeline.status import verify
 
-        return verify_output(output.path, options)
-    from airflow_provider_raybatch.pipeline.tables.verify import table_config, verify_table
-
-    catalog: dict[str, Any] = {}
-    if output.output_format == "iceberg":
-        from airflow_provider_raybatch.hooks.iceberg_catalog import IcebergCatalogHook
-
-        catalog = IcebergCatalogHook(output.conn_ids.get("iceberg_conn_id")).catalog_properties()
-    config = table_config(output.path, output.output_format, output.partition or {}, output.table, catalog)
-    return verify_table(replace(config, storage_options=options or {}))
+    return verify(output_ref(output))

@@ -22,7 +22,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from airflow_provider_raybatch.pipeline.errors import RayBatchError
+from airflow_provider_raybatch.pipeline.errors import OutputNotFoundError
+from airflow_provider_raybatch.pipeline.output_ref import OutputRef
 
 #: This provider's operators (their serialized ``task_type``) that write an output.
 OPERATOR_CLASSES = frozenset(
@@ -52,10 +53,6 @@ OUTPUT_FIELDS = (
 STORE_CONN_FIELDS = ("aws_conn_id", "gcp_conn_id", "azure_conn_id")
 
 
-class NotFound(RayBatchError):
-    """No such DAG, run, task or task instance, or the task writes no output of this provider."""
-
-
 @dataclass(frozen=True)
 class TaskRef:
     """A task instance, as a request names it (``map_index`` -1: not mapped)."""
@@ -75,7 +72,7 @@ class ResolvedOutput:
     :param partition: a table output's partition (column -> value); None for a Parquet folder.
     :param table: an Iceberg output's table, ``namespace.table``.
     :param source: ``rendered`` (the task instance's rendered fields) or ``dag`` (the serialized DAG).
-    :param conn_ids: the store connections (server side only: never answered).
+    :param conn_ids: the store and Iceberg catalog connections (server side only: never answered).
     :param state: the task instance's state (None: never run); ``try_number`` its try.
     :param mapped: the task is mapped (its instances write partitions of one output).
     """
@@ -119,7 +116,7 @@ def serialized_tasks(dag_id: str, session: Session) -> dict[str, dict[str, Any]]
         .limit(1)
     )
     if model is None or model.data is None:
-        raise NotFound(f"no DAG {dag_id!r}")
+        raise OutputNotFoundError(f"no DAG {dag_id!r}")
     tasks = model.data.get("dag", {}).get("tasks", [])
     fields = [t.get("__var", t) for t in tasks]
     return {f["task_id"]: f for f in fields if "task_id" in f}
@@ -143,14 +140,14 @@ def resolve(ref: TaskRef, session: Session) -> ResolvedOutput:
 
     :param ref: the task instance.
     :param session: a metadata DB session.
-    :raises NotFound: no such DAG or task, or a task that is not an inference task.
+    :raises OutputNotFoundError: no such DAG or task, or a task that is not an inference task.
     """
     from airflow.models.renderedtifields import RenderedTaskInstanceFields as RTIF
     from airflow.models.taskinstance import TaskInstance as TI
 
     task = inference_tasks(ref.dag_id, session).get(ref.task_id)
     if task is None:
-        raise NotFound(f"{ref.dag_id}.{ref.task_id} is no inference task of this provider")
+        raise OutputNotFoundError(f"{ref.dag_id}.{ref.task_id} is no inference task of this provider")
     ti = session.execute(
         select(TI.state, TI.try_number).where(
             TI.dag_id == ref.dag_id, TI.run_id == ref.run_id, TI.task_id == ref.task_id, TI.map_index == ref.map_index
@@ -223,17 +220,18 @@ def _templated(value: Any) -> bool:
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 
-def storage_options(output: ResolvedOutput) -> dict[str, Any] | None:
-    """The connections' fsspec options for ``output`` (None: the server's environment credentials).
+def output_ref(output: ResolvedOutput) -> OutputRef:
+    """The output ``output`` locates, with its connections' credentials (none: the server's
+    environment's) and an Iceberg output's catalog.
 
     Resolved here, on the server; never answered to a browser.
-    """
-    conn_ids = {name: output.conn_ids.get(name) for name in STORE_CONN_FIELDS}
-    if not any(conn_ids.values()):
-        return None
-    from airflow_provider_raybatch.hooks.object_stores import storage_options as resolve_options
 
-    return resolve_options(**conn_ids)
+    :raises ConfigError: a connection that does not resolve.
+    """
+    from airflow_provider_raybatch.hooks.output_refs import resolve_output
+
+    assert output.path is not None
+    return resolve_output(output.path, output.output_format, output.partition, output.table, **output.conn_ids)
 
 
 def resolve_runs(dag_id: str, run_ids: list[str], session: Session) -> list[ResolvedOutput]:
@@ -245,7 +243,7 @@ def resolve_runs(dag_id: str, run_ids: list[str], session: Session) -> list[Reso
     :param dag_id: the DAG.
     :param run_ids: its runs.
     :param session: a metadata DB session.
-    :raises NotFound: no such DAG.
+    :raises OutputNotFoundError: no such DAG.
     """
     from airflow.models.renderedtifields import RenderedTaskInstanceFields as RTIF
     from airflow.models.taskinstance import TaskInstance as TI

@@ -1,18 +1,19 @@
 """An output's status and rejects, read from its bookkeeping: what the command line prints and a UI
-would draw, from one typed model (:mod:`.output_status`, :mod:`.rejects`). Imports neither Ray nor
-Airflow."""
+would draw, from one typed model (:mod:`.output_status`, :mod:`.writers`, :mod:`.timeline`,
+:mod:`.rejects`), and the verifier's faults; :mod:`.reading` reads any output an
+:class:`~airflow_provider_raybatch.pipeline.output_ref.OutputRef` names. Imports neither Ray nor Airflow."""
 
+from airflow_provider_raybatch.pipeline.errors import OutputNotFoundError
 from airflow_provider_raybatch.pipeline.status.output_status import (
     FileProgress,
-    LeaseStatus,
-    OutputNotFoundError,
     OutputStatus,
-    PartitionStatus,
-    TimelinePoint,
     read_status,
     read_table_status,
 )
+from airflow_provider_raybatch.pipeline.status.reading import read_output, read_output_rejects, verify
 from airflow_provider_raybatch.pipeline.status.rejects import RejectsSample, read_rejects, sample_rejects
+from airflow_provider_raybatch.pipeline.status.timeline import TimelinePoint
+from airflow_provider_raybatch.pipeline.status.writers import LeaseStatus, PartitionStatus
 
 __all__ = [
     "FileProgress",
@@ -22,8 +23,11 @@ __all__ = [
     "PartitionStatus",
     "RejectsSample",
     "TimelinePoint",
+    "read_output",
+    "read_output_rejects",
     "read_rejects",
     "read_status",
     "read_table_status",
     "sample_rejects",
+    "verify",
 ]

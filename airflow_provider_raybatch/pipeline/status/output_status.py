@@ -17,96 +17,39 @@ left of it.
 
 from __future__ import annotations
 
-import bisect
-import posixpath
-import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE
 from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
-from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger, partition_key
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
-from airflow_provider_raybatch.pipeline.errors import RayBatchError
-from airflow_provider_raybatch.pipeline.planning.planner import RowRange, contiguous_groups, recorded_ranges
-from airflow_provider_raybatch.pipeline.store.files import ls, read_json, resolve
+from airflow_provider_raybatch.pipeline.errors import OutputNotFoundError
+from airflow_provider_raybatch.pipeline.planning.planner import contiguous_groups, recorded_ranges
+from airflow_provider_raybatch.pipeline.status.timeline import (
+    TIMELINE_POINTS,
+    TimelinePoint,
+    cumulative,
+    current_rate,
+    thin,
+)
+from airflow_provider_raybatch.pipeline.status.writers import (
+    LeaseStatus,
+    PartitionStatus,
+    lease_status,
+    partition_writers,
+)
+from airflow_provider_raybatch.pipeline.store.files import resolve
 from airflow_provider_raybatch.pipeline.summary import token_totals
+from airflow_provider_raybatch.pipeline.tables.staging import (
+    GENERATION_RECORD,
+    intents,
+    partition_folder,
+    staged_writers,
+)
 
 State = Literal["done", "running", "partial", "not started"]
-
-#: Seconds of commits the current rate is measured over.
-RATE_WINDOW_S = 120.0
-#: Points of the timeline at most (a long run's are thinned evenly: a chart needs no more).
-TIMELINE_POINTS = 500
-
-
-class OutputNotFoundError(RayBatchError):
-    """The path holds no output of this provider (nothing planned there)."""
-
-
-@dataclass(frozen=True)
-class LeaseStatus:
-    """The newest generation of one lease: who holds (or last held) it, and whether it still counts.
-
-    :param scope: ``"output"`` for the whole output's lease, else the mapped partition's lease key.
-    :param holder: who, in words (:meth:`.lease.LeaseHolder.describe`).
-    :param dag_id: the Airflow task instance that holds it, when the writer is a task (from its run key
-        ``dag/run/task/map_index``); likewise ``run_id``, ``task_id``, ``map_index``.
-    :param heartbeat_age_s: seconds since its holder last renewed it (at the time of reading).
-    :param holder_gone: True when the holder was a process of this host that has ended; None when it
-        ran on another host (not knowable from here).
-    :param live: it still counts as held: not released, holder not gone, a heartbeat within the timeout.
-    """
-
-    scope: str
-    generation: int
-    holder: str
-    run_key: str | None
-    dag_id: str | None
-    run_id: str | None
-    task_id: str | None
-    map_index: int | None
-    try_number: int | None
-    ray_job: str | None
-    host: str
-    pid: int
-    taken_at: float
-    heartbeat: float
-    heartbeat_age_s: float
-    released: bool
-    holder_gone: bool | None
-    live: bool
-
-
-@dataclass(frozen=True)
-class PartitionStatus:
-    """A mapped partition's writer: its lease and the ranges it committed (as its segments hold them;
-    once a whole-output run folds them into the manifest they are no longer told apart).
-
-    :param index: its map index, and ``ranges_planned`` / ``rows_planned`` its share of the plan,
-        when the planning task recorded how many partitions it planned (``_raybatch/partitions.json``);
-        None for a writer of another plan. A planned partition is listed before its task starts.
-    """
-
-    key: str
-    lease: LeaseStatus | None
-    ranges_committed: int
-    rows_committed: int
-    index: int | None = None
-    ranges_planned: int | None = None
-    rows_planned: int | None = None
-
-
-@dataclass(frozen=True)
-class TimelinePoint:
-    """Cumulative figures at one commit time (seconds since the epoch): ranges, and input rows
-    done (written or rejected)."""
-
-    time: float
-    ranges: int
-    rows: int
 
 
 @dataclass(frozen=True)
@@ -128,7 +71,7 @@ class OutputStatus:
     :param path: the output as given (for a table, the writer's staging output).
     :param state: ``done`` (every planned range committed), ``running`` (a live lease),
         ``partial`` (stopped part-way: some committed, no live writer), ``not started``.
-    :param rate_rows_per_s: rows done per second over the last :data:`RATE_WINDOW_S` seconds (of
+    :param rate_rows_per_s: rows done per second over the last :data:`.timeline.RATE_WINDOW_S` seconds (of
         the current writer's time, while running), None without commits to measure.
     :param eta_s: seconds left at that rate, while running.
     :param lease: the whole output's lease (None: never taken).
@@ -232,35 +175,30 @@ def read_table_status(
     """
     started = time.perf_counter()
     fs, root = resolve(table_root, storage_options)
-    partition_dir = "/".join(f"{k}={v}" for k, v in partition.items())
     statuses = []
-    for folder in sorted(ls(fs, f"{root}/{partition_dir}")):
-        folder = folder.rstrip("/")
-        record_path = f"{folder}/{META_DIR}/generation.json"
-        try:
-            number = read_json(fs, record_path)["number"]
-        except FileNotFoundError:
-            continue  # not a writer's folder
-        relpath = f"{partition_dir}/{posixpath.basename(folder)}"
-        display = f"{table_root.rstrip('/')}/{relpath}"
-        writer = OutputLedger(fs, folder, display)  # holds the writer's leases, as an output folder does
-        staging = OutputLedger(fs, f"{folder}/g{number}", f"{display}/g{number}")
+    for staged in staged_writers(fs, root, partition):
+        display = f"{table_root.rstrip('/')}/{staged.relpath}"
+        # The writer's folder holds its leases, as an output folder does.
+        writer = OutputLedger(fs, f"{root}/{staged.relpath}", display)
+        staging = OutputLedger(
+            fs, f"{root}/{staged.generation_relpath}", f"{table_root.rstrip('/')}/{staged.generation_relpath}"
+        )
         status = _read(staging, writer, started, lease_timeout_s, now, detail)
-        intents = [read_json(fs, p) for p in sorted(ls(fs, f"{staging.meta}/table")) if p.endswith(".json")]
+        decided = intents(fs, staging.root)
         statuses.append(
             replace(
                 status,
-                writer=relpath,
-                generation=number,
-                table_commits=len(intents),
-                ranges_in_table_commits=len({r for intent in intents for r in intent["ranges"]}),
+                writer=staged.relpath,
+                generation=staged.generation,
+                table_commits=len(decided),
+                ranges_in_table_commits=len({r for intent in decided for r in intent.ranges}),
                 read_s=round(time.perf_counter() - started, 4),
             )
         )
     if not statuses:
         raise OutputNotFoundError(
             f"{table_root}: no writer of this provider staged rows for partition {partition} "
-            f"(no {partition_dir}/<writer>/{META_DIR}/generation.json)"
+            f"(no {partition_folder(partition)}/<writer>/{META_DIR}/{GENERATION_RECORD})"
         )
     return statuses
 
@@ -296,13 +234,13 @@ def _read(
     tokens_in, tokens_out = token_totals(mine.values())
     rows_planned = sum(r.rows for r in ranges)
 
-    lease = _lease_status(lease_owner, lease_owner.lease_folder(), OUTPUT_SCOPE, lease_timeout_s, now)
+    lease = lease_status(lease_owner, lease_owner.lease_folder(), OUTPUT_SCOPE, lease_timeout_s, now)
     count = ledger.load_partitions()
     planned = {} if count is None else {partition_key([r.id for r in g]): g for g in contiguous_groups(ranges, count)}
-    partitions = _partitions(lease_owner, mine, ledger.last_scopes, planned, lease_timeout_s, now)
+    partitions = partition_writers(lease_owner, mine, ledger.last_scopes, planned, lease_timeout_s, now)
     live = [s for s in [lease, *(p.lease for p in partitions)] if s is not None and s.live]
 
-    timeline = _timeline(mine)
+    timeline = cumulative(mine)
     done = len(mine) == len(ranges)
     if done:
         state: State = "done"
@@ -312,7 +250,7 @@ def _read(
         state = "partial"
     else:
         state = "not started"
-    rate = _rate(timeline, now if state == "running" else None, min((s.taken_at for s in live), default=None))
+    rate = current_rate(timeline, now if state == "running" else None, min((s.taken_at for s in live), default=None))
     rows_done = rows_out + rejected
     eta = (rows_planned - rows_done) / rate if state == "running" and rate else None
     return OutputStatus(
@@ -331,7 +269,7 @@ def _read(
         eta_s=None if eta is None else round(eta, 1),
         lease=lease,
         partitions=partitions,
-        timeline=_thin(timeline, TIMELINE_POINTS),
+        timeline=thin(timeline, TIMELINE_POINTS),
         read_at=now,
         read_s=round(time.perf_counter() - started, 4),
         objects_read=dict(ledger.last_read),
@@ -360,123 +298,3 @@ def _files(recorded: dict[str, Any], ranges: list[Any], committed: dict[str, Com
             count[2] += 1
             count[3] += record.input_rows
     return [FileProgress(name, *count) for name, count in zip(names, counts, strict=True)]
-
-
-def _lease_status(owner: OutputLedger, folder: str, scope: str, timeout_s: float, now: float) -> LeaseStatus | None:
-    # A reader's Lease object: it only reads the newest generation (current()), never takes it.
-    record = Lease(owner.fs, folder, owner.display_path, LeaseHolder(), timeout_s).current()
-    if record is None:
-        return None
-    holder = record.holder
-    dag_id = run_id = task_id = None
-    map_index = None
-    if (ti := holder.task_instance()) is not None:
-        dag_id, run_id, task_id, index = ti
-        map_index = int(index) if index.lstrip("-").isdigit() else None
-    # Whether its process has ended is known on its own host only.
-    gone = holder.is_dead_here() if holder.host == socket.gethostname() else None
-    age = max(0.0, now - record.heartbeat)
-    return LeaseStatus(
-        scope=scope,
-        generation=record.generation,
-        holder=holder.describe(),
-        run_key=holder.run_key,
-        dag_id=dag_id,
-        run_id=run_id,
-        task_id=task_id,
-        map_index=map_index,
-        try_number=holder.try_number,
-        ray_job=holder.ray_job,
-        host=holder.host,
-        pid=holder.pid,
-        taken_at=record.taken_at,
-        heartbeat=record.heartbeat,
-        heartbeat_age_s=round(age, 1),
-        released=record.released,
-        holder_gone=gone,
-        # The writers' own rule (the holder's recorded timeout; the reader's for an older record).
-        live=record.is_live(now, timeout_s),
-    )
-
-
-def _partitions(
-    owner: OutputLedger,
-    committed: dict[str, CommitRecord],
-    scopes: dict[str, str],
-    planned: dict[str, list[RowRange]],
-    timeout_s: float,
-    now: float,
-) -> list[PartitionStatus]:
-    """The mapped partitions' writers: those planned (by key, in plan order), with a lease, or whose
-    segments hold records."""
-    counts: dict[str, list[int]] = {}
-    for range_id, scope in scopes.items():
-        if scope != OUTPUT_SCOPE and range_id in committed:
-            record = committed[range_id]
-            count = counts.setdefault(scope, [0, 0])
-            count[0] += 1
-            count[1] += record.input_rows
-    folders = {posixpath.basename(f.rstrip("/")): f.rstrip("/") for f in owner.partition_lease_folders()}
-    index = {key: i for i, key in enumerate(planned)}
-    keys = sorted(folders.keys() | counts.keys() | planned.keys(), key=lambda k: (index.get(k, len(index)), k))
-    return [
-        PartitionStatus(
-            key=key,
-            lease=_lease_status(owner, folders[key], key, timeout_s, now) if key in folders else None,
-            ranges_committed=counts.get(key, [0, 0])[0],
-            rows_committed=counts.get(key, [0, 0])[1],
-            index=index.get(key),
-            ranges_planned=len(planned[key]) if key in planned else None,
-            rows_planned=sum(r.rows for r in planned[key]) if key in planned else None,
-        )
-        for key in keys
-    ]
-
-
-def _timeline(committed: dict[str, CommitRecord]) -> list[TimelinePoint]:
-    """Cumulative ranges and rows per commit time (records without one, of layout 1, are left out)."""
-    by_time: dict[float, list[int]] = {}
-    for record in committed.values():
-        if (at := record.committed_at) is not None:
-            point = by_time.setdefault(at, [0, 0])
-            point[0] += 1
-            point[1] += record.input_rows
-    points, ranges, rows = [], 0, 0
-    for at in sorted(by_time):
-        ranges += by_time[at][0]
-        rows += by_time[at][1]
-        points.append(TimelinePoint(at, ranges, rows))
-    return points
-
-
-def _rate(timeline: list[TimelinePoint], now: float | None, taken_at: float | None) -> float | None:
-    """Rows per second over the last :data:`RATE_WINDOW_S` seconds: up to ``now`` while running
-    (a stalled run's rate falls), else up to the last commit; never before the current writer took
-    its lease (the gap after a killed try is not the rate). None without commits in the window."""
-    if not timeline:
-        return None
-    end = timeline[-1].time if now is None else max(now, timeline[-1].time)
-    start = end - RATE_WINDOW_S
-    if taken_at is not None:
-        start = max(start, taken_at)
-    times = [p.time for p in timeline]
-    before = bisect.bisect_right(times, start)  # points at or before the window's start
-    if before == len(timeline):
-        return 0.0 if now is not None else None
-    if before == 0 and taken_at is None:
-        # The window holds the first commits: measure from the first, whose rows were made before it.
-        start = timeline[0].time
-        base = timeline[0].rows
-    else:
-        base = timeline[before - 1].rows if before else 0
-    if end <= start:
-        return None
-    return (timeline[-1].rows - base) / (end - start)
-
-
-def _thin(points: list[TimelinePoint], most: int) -> list[TimelinePoint]:
-    """At most ``most`` points, evenly spaced by position, the last always kept."""
-    if len(points) <= most:
-        return points
-    step = len(points) / (most - 1)
-    return [points[int(i * step)] for i in range(most - 1)] + [points[-1]]

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.status.output_status import OutputNotFoundError, rejects_files
+from airflow_provider_raybatch.pipeline.errors import OutputNotFoundError
+from airflow_provider_raybatch.pipeline.status.output_status import rejects_files
 
 
 @dataclass(frozen=True)

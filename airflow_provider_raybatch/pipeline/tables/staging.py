@@ -14,6 +14,10 @@ Layout under the table's root (Delta) or location (Iceberg), per partition and w
     <column>=<value>/<writer key>/g<N>/_raybatch/table/<seq>.json
                                                              its table commits (:mod:`.table_commits`)
 
+This module is the one that builds these paths: the writers (:mod:`.table_commits`, the run's
+preparation) and the readers (:mod:`..status`, :mod:`.verify`) go through :func:`staged_writers`,
+:func:`intents` and the functions below.
+
 A generation is what one run (and its retries) writes for the partition. ``mode="resume"``
 continues the current one (a first run makes ``g0``, whose commits append). ``mode="overwrite"``
 from another run makes the next one, whose single commit replaces the partition at its end:
@@ -31,9 +35,11 @@ and writes into that generation, which it checks is still the current one.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -41,9 +47,13 @@ from fsspec import AbstractFileSystem
 from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR
 from airflow_provider_raybatch.pipeline.config import TableOutput
 from airflow_provider_raybatch.pipeline.errors import ConfigError
-from airflow_provider_raybatch.pipeline.store.files import exists, read_json, write_json
+from airflow_provider_raybatch.pipeline.store.files import exists, ls, read_json, write_json
+from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
 
 log = logging.getLogger(__name__)
+
+GENERATION_RECORD = "generation.json"
+INTENTS_DIR = "table"
 
 
 @dataclass(frozen=True)
@@ -63,9 +73,84 @@ class Generation:
     writer_id: str
 
 
+@dataclass(frozen=True)
+class StagedWriter:
+    """A writer that staged rows for a partition, and the generation it writes now.
+
+    :param relpath: its folder, relative to the table's root (``ds=2026-11-24/<writer key>``).
+    :param generation: N of its current generation, ``g<N>``.
+    """
+
+    relpath: str
+    generation: int
+
+    @property
+    def generation_relpath(self) -> str:
+        """The current generation's folder (a Parquet output of its own), relative to the table's root."""
+        return f"{self.relpath}/g{self.generation}"
+
+
+@dataclass(frozen=True)
+class TableIntent:
+    """A table commit as decided (``_raybatch/table/<seq>.json`` of a generation).
+
+    :param seq: its number in the generation (0, 1, ...: applied in this order).
+    :param ranges: the range ids it adds.
+    :param files: their data files, relative to the table's root.
+    :param replace: it replaces the partition (a generation of ``mode="overwrite"``).
+    """
+
+    seq: int
+    ranges: list[str]
+    files: list[DataFile]
+    replace: bool
+
+    def to_json(self) -> bytes:
+        """The intent's file content."""
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+
+def partition_folder(partition: dict[str, str]) -> str:
+    """A table partition's folder, relative to the table's root (``ds=2026-11-24``)."""
+    return "/".join(f"{column}={value}" for column, value in partition.items())
+
+
+def staged_writers(fs: AbstractFileSystem, root: str, partition: dict[str, str]) -> list[StagedWriter]:
+    """The writers that staged rows for ``partition`` under the table at ``root``, in the order of
+    their folders' names (a folder without a generation record is no writer's)."""
+    partition_dir = partition_folder(partition)
+    writers = []
+    for folder in sorted(ls(fs, f"{root}/{partition_dir}")):
+        relpath = f"{partition_dir}/{posixpath.basename(folder.rstrip('/'))}"
+        try:
+            number = read_json(fs, f"{root}/{relpath}/{META_DIR}/{GENERATION_RECORD}")["number"]
+        except (FileNotFoundError, NotADirectoryError):  # a file, or a folder of no writer
+            continue
+        writers.append(StagedWriter(relpath, number))
+    return writers
+
+
+def intent_path(generation_root: str, seq: int) -> str:
+    """Where table commit ``seq`` of the generation at ``generation_root`` is decided."""
+    return f"{generation_root}/{META_DIR}/{INTENTS_DIR}/{seq:08d}.json"
+
+
+def intents(fs: AbstractFileSystem, generation_root: str, start: int = 0) -> list[TableIntent]:
+    """The table commits decided for the generation at ``generation_root``, in order, from the
+    ``start``-th (listed afresh)."""
+    folder = f"{generation_root}/{META_DIR}/{INTENTS_DIR}"
+    paths = sorted(p for p in ls(fs, folder) if p.endswith(".json"))
+    found = []
+    for path in paths[start:]:
+        record = read_json(fs, path)
+        files = [DataFile(**f) for f in record["files"]]
+        found.append(TableIntent(record["seq"], record["ranges"], files, record["replace"]))
+    return found
+
+
 def writer_folder(table: TableOutput) -> str:
     """The writer's folder for the partition, relative to the table's root."""
-    partition = "/".join(f"{column}={value}" for column, value in table.partition.items())
+    partition = partition_folder(table.partition)
     readable = re.sub(r"[^A-Za-z0-9_.-]+", "_", table.writer).strip("_.")[:80]
     digest = hashlib.sha256(table.writer.encode()).hexdigest()[:8]
     return f"{partition}/{readable}-{digest}"
@@ -116,7 +201,7 @@ def planned_generation(fs: AbstractFileSystem, root: str, table: TableOutput) ->
 
 
 def _record_path(root: str, table: TableOutput) -> str:
-    return f"{root}/{writer_folder(table)}/{META_DIR}/generation.json"
+    return f"{root}/{writer_folder(table)}/{META_DIR}/{GENERATION_RECORD}"
 
 
 def _current(fs: AbstractFileSystem, record_path: str) -> dict[str, Any] | None:

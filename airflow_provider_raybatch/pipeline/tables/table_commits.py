@@ -22,7 +22,6 @@ that replaces its partition (``mode="overwrite"``) commits once, at its end.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import posixpath
@@ -38,9 +37,10 @@ from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError
-from airflow_provider_raybatch.pipeline.store.files import create_file, ls, read_json
+from airflow_provider_raybatch.pipeline.output_ref import OutputRef
+from airflow_provider_raybatch.pipeline.store.files import create_file
 from airflow_provider_raybatch.pipeline.store.urls import options_for
-from airflow_provider_raybatch.pipeline.tables.staging import Generation
+from airflow_provider_raybatch.pipeline.tables.staging import Generation, TableIntent, intent_path, intents
 from airflow_provider_raybatch.pipeline.tables.writer_commits import DataFile
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,7 @@ class TableCommits:
         assert config.table is not None
         self.ledger, self.config, self.table, self.generation = ledger, config, config.table, generation
         self.recorded = recorded
-        self.folder = f"{ledger.meta}/table"
-        self.intents: list[dict[str, Any]] = []
+        self.intents: list[TableIntent] = []
         self._writer: Any = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -96,21 +95,18 @@ class TableCommits:
             while records is not None:
                 # The tasks of a mapped run share the generation's commits: apply what the others decided first.
                 self._apply_new_intents()
-                held = {range_id for intent in self.intents for range_id in intent["ranges"]}
+                held = {range_id for intent in self.intents for range_id in intent.ranges}
                 new = {range_id: r for range_id, r in records.items() if range_id not in held}
                 with_files = {range_id: r for range_id, r in new.items() if r.data_files}
                 # A replacing generation commits once even without rows: the partition is then emptied.
                 if not with_files and not (self.generation.replace and not self.intents):
                     return
-                intent = {
-                    "seq": len(self.intents),
-                    "ranges": sorted(new),
-                    "files": [f.__dict__ for f in self._data_files(with_files)],
-                    "replace": self.generation.replace,
-                }
+                intent = TableIntent(
+                    len(self.intents), sorted(new), self._data_files(with_files), self.generation.replace
+                )
                 self.ledger.fence()
-                path = f"{self.folder}/{intent['seq']:08d}.json"
-                if not create_file(self.ledger.fs, path, json.dumps(intent, sort_keys=True).encode()):
+                path = intent_path(self.ledger.root, intent.seq)
+                if not create_file(self.ledger.fs, path, intent.to_json()):
                     continue  # another task or try decided this number first: its commit is applied next
                 crash_point("table_intent")
                 self.intents.append(intent)
@@ -159,30 +155,29 @@ class TableCommits:
 
     def _apply_new_intents(self) -> None:
         """Read the intents decided since this writer last read them, and apply those, in order."""
-        paths = sorted(p for p in ls(self.ledger.fs, self.folder) if p.endswith(".json"))  # listed afresh
         known = len(self.intents)
-        self.intents += [read_json(self.ledger.fs, p) for p in paths[known:]]
+        self.intents += intents(self.ledger.fs, self.ledger.root, known)
         for n, intent in enumerate(self.intents):
-            if intent["seq"] != n:
-                raise RuntimeError(f"table commit intents of {self.ledger.display_path} are not numbered 0..n: {paths}")
+            if intent.seq != n:
+                seqs = [i.seq for i in self.intents]
+                raise RuntimeError(f"table commit intents of {self.ledger.display_path} are not numbered 0..n: {seqs}")
         for intent in self.intents[known:]:
             self._apply(intent)
 
-    def _apply(self, intent: dict[str, Any]) -> None:
+    def _apply(self, intent: TableIntent) -> None:
         writer = self._open_writer()
-        files = [DataFile(**f) for f in intent["files"]]
         applied = writer.commit(
-            intent["seq"], files, self.table.partition, intent["ranges"], replace_partition=intent["replace"]
+            intent.seq, intent.files, self.table.partition, intent.ranges, replace_partition=intent.replace
         )
         crash_point("table_commit")
-        rows = sum(f.rows for f in files)
-        verb = "replaced the partition with" if intent["replace"] else "added"
+        rows = sum(f.rows for f in intent.files)
+        verb = "replaced the partition with" if intent.replace else "added"
         log.info(
             "Table commit %d of %s %s %d range(s), %d row(s)%s",
-            intent["seq"],
+            intent.seq,
             self.generation.writer_id,
             verb,
-            len(intent["ranges"]),
+            len(intent.ranges),
             rows,
             "" if applied else " (found in the table: it had landed before)",
         )
@@ -209,7 +204,11 @@ class TableCommits:
     def _open_writer(self) -> Any:
         if self._writer is None:
             self._writer = open_table_writer(
-                self.config, self.generation.writer_id, self.ledger.recorded_schema("output"), self.ledger.fence
+                OutputRef.of(self.config),
+                self.generation.writer_id,
+                self.ledger.recorded_schema("output"),
+                self.ledger.fence,
+                add_columns=self.table.add_columns,
             )
         return self._writer
 
@@ -240,38 +239,48 @@ def check_table_output(config: BatchInferenceConfig) -> None:
 
 
 def open_table_writer(
-    config: BatchInferenceConfig,
+    output: OutputRef,
     writer_id: str = "",
     schema: pa.Schema | None = None,
     fence: Callable[[], None] = lambda: None,
+    *,
+    add_columns: bool = False,
 ) -> Any:
-    """The :class:`.delta.DeltaTableWriter` or :class:`.iceberg.IcebergTableWriter` of ``config.table``
-    (without ``writer_id``: to read the table only)."""
-    table = config.table
-    assert table is not None
-    partition_by = list(table.partition)
-    if table.format == "delta":
+    """The :class:`.delta.DeltaTableWriter` or :class:`.iceberg.IcebergTableWriter` of the table
+    ``output`` names (without ``writer_id``: to read the table only).
+
+    :param add_columns: the writer may add the columns the table lacks (:attr:`.config.TableOutput.add_columns`).
+    """
+    path = output.path
+    partition_by = list(output.partition)
+    options = options_for(path, output.storage_options)
+    if output.format == "delta":
         from airflow_provider_raybatch.pipeline.tables.delta import DeltaTableWriter
         from airflow_provider_raybatch.pipeline.tables.delta_storage import delta_storage_options
 
-        options = delta_storage_options(config.output_path, options_for(config.output_path, config.storage_options))
         return DeltaTableWriter(
-            config.output_path, schema, partition_by, writer_id, options, fence=fence, add_columns=table.add_columns
+            path,
+            schema,
+            partition_by,
+            writer_id,
+            delta_storage_options(path, options),
+            fence=fence,
+            add_columns=add_columns,
         )
     from airflow_provider_raybatch.pipeline.tables.iceberg import IcebergTableWriter, load_catalog
     from airflow_provider_raybatch.pipeline.tables.iceberg_storage import file_io_properties
 
     # pyiceberg names local files by URL: the table's files are found however the path was given.
-    location = config.output_path if "://" in config.output_path else f"file://{os.path.abspath(config.output_path)}"
+    location = path if "://" in path else f"file://{os.path.abspath(path)}"
     # The files' store is reached with the output's credentials, unless the catalog's properties say otherwise.
-    io = file_io_properties(config.output_path, options_for(config.output_path, config.storage_options))
+    io = file_io_properties(path, options)
     return IcebergTableWriter(
-        load_catalog({**io, **table.catalog}),
-        table.identifier,
+        load_catalog({**io, **output.catalog}),
+        output.identifier,
         location,
         schema,
         partition_by,
         writer_id,
         fence=fence,
-        add_columns=table.add_columns,
+        add_columns=add_columns,
     )

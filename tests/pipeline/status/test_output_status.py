@@ -22,7 +22,9 @@ from airflow_provider_raybatch.pipeline.status import (
     read_status,
     read_table_status,
 )
-from airflow_provider_raybatch.pipeline.status.output_status import RATE_WINDOW_S, _rate, _thin
+from airflow_provider_raybatch.pipeline.status.timeline import RATE_WINDOW_S
+from airflow_provider_raybatch.pipeline.status.timeline import current_rate as _rate
+from airflow_provider_raybatch.pipeline.status.timeline import thin as _thin
 from tests.support.data import write_input
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, config, kill_leftovers, run_in_subprocess
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError, LeaseLostError, OutputBusyError, OutputSchemaError
+from airflow_provider_raybatch.pipeline.output_ref import OutputRef
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.tables.table_commits import open_table_writer
 from airflow_provider_raybatch.pipeline.tables.verify import verify_table
@@ -53,7 +54,7 @@ def test_a_run_adds_each_row_once_and_a_rerun_adds_nothing(tmp_path, fmt):
     assert set(rows["ds"].to_pylist()) == {DS}
     assert summary.rows_out == 380 and summary.table_version is not None
     assert len(intents(tmp_path)) == 1  # a short run: one commit, at its end
-    assert verify_table(cfg) == []
+    assert verify_table(OutputRef.of(cfg)) == []
 
     again = run_batch_inference(cfg)
     assert again.ranges_skipped == 5 and again.rows_processed == 0
@@ -157,7 +158,7 @@ def test_an_overwrite_killed_around_its_commit_replaces_the_date_once(tmp_path, 
     assert len(logged) == 2
     for rows in logged:
         assert_exactly_once(rows, range(300))
-    assert verify_table(rerun) == []
+    assert verify_table(OutputRef.of(rerun)) == []
 
 
 def test_the_verifier_finds_an_iceberg_replacement_made_in_two_snapshots(tmp_path, fmt, monkeypatch):
@@ -178,7 +179,7 @@ def test_the_verifier_finds_an_iceberg_replacement_made_in_two_snapshots(tmp_pat
     monkeypatch.setattr(IcebergTableWriter, "_replace", delete_then_add)
     run_batch_inference(rerun)
     assert [len(rows) for rows in history(tmp_path, fmt, DS)] == [100, 0, 100]
-    faults = verify_table(rerun)
+    faults = verify_table(OutputRef.of(rerun))
     assert len(faults) == 1 and "replaced the partition in 2 snapshots (delete, append)" in faults[0], faults
 
 
@@ -302,9 +303,9 @@ def test_the_verifier_finds_rows_another_writer_added_to_the_partition(tmp_path,
     staged = sorted((tmp_path / "table").glob(f"ds={DS}/*/g0/part-*.parquet"))[0]
     copy = tmp_path / "table" / f"ds={DS}" / "other.parquet"
     shutil.copy(staged, copy)
-    other = open_table_writer(cfg, "someone-else", pq.read_schema(copy))
+    other = open_table_writer(OutputRef.of(cfg), "someone-else", pq.read_schema(copy))
     other.commit(0, [DataFile(f"ds={DS}/other.parquet", copy.stat().st_size, 100)], {"ds": DS}, ["x"])
-    faults = verify_table(cfg)
+    faults = verify_table(OutputRef.of(cfg))
     assert any("in the table's current snapshot that no current generation committed" in f for f in faults), faults
     assert any("id value(s) more than once in the partition" in f for f in faults), faults
     bad = subprocess.run(command, capture_output=True, text=True)
@@ -348,7 +349,7 @@ def test_a_run_with_a_new_column_is_refused_unless_it_may_add_it_and_then_older_
             assert_exactly_once(date, range(300))
             got = dict(zip(date["id"].to_pylist(), date["features"].to_pylist(), strict=True))
             assert got == (features or dict.fromkeys(range(300))), f"{name}: features of {ds}"
-    assert verify_table(wider) == []
+    assert verify_table(OutputRef.of(wider)) == []
     # A run of another date without the column is refused now: the table has it.
     with pytest.raises(OutputSchemaError, match=r"features \(table: .*, output: missing\)"):
         run_batch_inference(table_config(tmp_path, fmt, THIRD_DS, keep_columns=["group"], run_key="run-3"))
@@ -390,7 +391,7 @@ def test_mapped_partitions_of_a_date_commit_into_one_table(tmp_path, fmt):
     committed = [r for intent in made for r in intent["ranges"]]
     assert sorted(committed) == sorted(r for p in parts for r in p.range_ids)  # each range in one commit
     assert [intent["seq"] for intent in made] == list(range(len(made)))
-    assert verify_table(cfg) == []
+    assert verify_table(OutputRef.of(cfg)) == []
     assert_exactly_once(read_table(tmp_path, fmt), range(600))
 
     # Another run overwrites the date on new input: until its last partition's task ends, readers see the old rows.
@@ -408,7 +409,7 @@ def test_mapped_partitions_of_a_date_commit_into_one_table(tmp_path, fmt):
         assert (summary.table_version is not None) == last
         assert_exactly_once(read_table(tmp_path, fmt), range(400) if last else range(600))
     assert all("/g1/" in f for f in snapshot_files(tmp_path, fmt))
-    assert verify_table(cfg) == []
+    assert verify_table(OutputRef.of(cfg)) == []
     with pytest.raises(ConfigError, match="was planned for generation 0, and the writer's current one is generation 1"):
         table = dataclasses.replace(cfg.table, generation=0)
         run_batch_inference(dataclasses.replace(cfg, table=table, range_ids=parts[0].range_ids))

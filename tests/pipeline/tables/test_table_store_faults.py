@@ -17,6 +17,7 @@ import uuid
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import NotRetryableError
+from airflow_provider_raybatch.pipeline.output_ref import OutputRef
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.pipeline.tables.verify import verify_table
 from tests.pipeline.test_store_faults import BUCKET, store_options
@@ -105,7 +106,7 @@ def run_task(cfg, s3_server, proxy: FaultProxy, tries: int = 3) -> list:
             outcomes.append(e)
             continue
         outcomes.append(summary)
-        assert verify_table(cfg) == []
+        assert verify_table(OutputRef.of(cfg)) == []
         rows = table_rows(cfg, s3_server)
         assert_exactly_once(rows, range(ROWS))
         assert summary.rows_out == rows.num_rows == summary.rows_in
