@@ -2,7 +2,7 @@
 command line (:mod:`airflow_provider_raybatch.cli`), under the module's name.
 
 ``verify <output_path>`` checks a finished output (exit 1 on faults); a table output:
-``verify <table root or location> --format delta --partition ds=2026-11-24`` (Iceberg:
+``verify <table root or location> --format delta --table-partition ds=2026-11-24`` (Iceberg:
 ``--format iceberg --table ns.table``, its catalog from ``--catalog KEY=VALUE`` properties, else
 pyiceberg's own configuration of the catalog named ``raybatch``).
 """

@@ -8,7 +8,7 @@ its rejects, and the verifier.
     raybatch verify OUTPUT            check a finished output against its ledger (exit 1 on faults)
 
 A table output: ``OUTPUT`` is the Delta table's root or the Iceberg table's location, with
-``--format delta|iceberg --partition COLUMN=VALUE`` (``verify`` of an Iceberg table also takes
+``--format delta|iceberg --table-partition COLUMN=VALUE`` (``verify`` of an Iceberg table also takes
 ``--table ns.table`` and ``--catalog KEY=VALUE`` properties, else pyiceberg's own configuration of
 the catalog named ``raybatch``).
 
@@ -49,9 +49,9 @@ def main(argv: list[str] | None = None, prog: str = "raybatch") -> int:
     """
     parser = _parser(prog)
     args = parser.parse_args(argv)
-    partition = _pairs(parser, args.partition, "--partition")
+    partition = _pairs(parser, args.table_partition, "--table-partition")
     if args.format != "parquet" and not partition:
-        parser.error("--partition COLUMN=VALUE is needed for a table")
+        parser.error("--table-partition COLUMN=VALUE is needed for a table")
     catalog = _pairs(parser, getattr(args, "catalog", []), "--catalog")
     try:
         output = _output(args, partition if args.format != "parquet" else {}, catalog)
@@ -73,7 +73,16 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("output_path", help="the output folder, local or a URL such as s3://bucket/out/2026-11-20")
     common.add_argument("--format", choices=("parquet", "delta", "iceberg"), default="parquet")
-    common.add_argument("--partition", action="append", default=[], metavar="COLUMN=VALUE", help="a table's partition")
+    # --partition: the flag's name before shards were told apart from a table's partitions.
+    common.add_argument(
+        "--table-partition",
+        "--partition",
+        dest="table_partition",
+        action="append",
+        default=[],
+        metavar="COLUMN=VALUE",
+        help="a table's partition (the operator's table_partition); --partition is an alias",
+    )
     common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     for store in ("aws", "gcp", "azure"):
         common.add_argument(
@@ -179,17 +188,13 @@ def describe_status(status: Any) -> str:
         )
     if status.lease is not None:
         lines.append(f"lease: {_lease_line(status.lease)}")
-    for partition in status.partitions:
-        lease = f"; {_lease_line(partition.lease)}" if partition.lease else ""
-        name = (
-            f"partition {partition.index} ({partition.key})"
-            if partition.index is not None
-            else f"partition {partition.key}"
-        )
-        of = f" of {partition.ranges_planned:,}" if partition.ranges_planned is not None else ""
-        rows_of = f" of {partition.rows_planned:,}" if partition.rows_planned is not None else ""
+    for shard in status.shards:
+        lease = f"; {_lease_line(shard.lease)}" if shard.lease else ""
+        name = f"shard {shard.index} ({shard.key})" if shard.index is not None else f"shard {shard.key}"
+        of = f" of {shard.ranges_planned:,}" if shard.ranges_planned is not None else ""
+        rows_of = f" of {shard.rows_planned:,}" if shard.rows_planned is not None else ""
         lines.append(
-            f"{name}: {partition.ranges_committed:,}{of} ranges, {partition.rows_committed:,}{rows_of} rows committed{lease}"
+            f"{name}: {shard.ranges_committed:,}{of} ranges, {shard.rows_committed:,}{rows_of} rows committed{lease}"
         )
     return "\n".join(lines)
 

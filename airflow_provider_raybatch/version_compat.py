@@ -23,6 +23,9 @@ from __future__ import annotations
 import logging
 
 from airflow import __version__ as AIRFLOW_VERSION_TEXT  # noqa: N812 - a constant
+
+# A deprecated argument's warning, as the official providers give it: here on every supported version.
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from packaging.version import Version
 
 log = logging.getLogger(__name__)
@@ -75,6 +78,7 @@ __all__ = [
     "AirflowException",
     "AirflowFailException",
     "AirflowNotFoundException",
+    "AirflowProviderDeprecationWarning",
     "AirflowTaskTimeout",
     "conf",
     "note_once",

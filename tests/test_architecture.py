@@ -104,7 +104,7 @@ PIPELINE_LAYERS = [
     ("runtime", "planning"),
     ("commit", "tables", "status", "summary"),
     ("execution",),
-    ("output_location", "prepare", "partitions", "runner", "job"),
+    ("output_location", "prepare", "shards", "runner", "job"),
 ]
 
 

@@ -142,7 +142,7 @@ def test_a_path_without_an_output_is_a_usage_error_naming_it(tmp_path):
     for command in ("status", "rejects"):
         result = cli(command, str(tmp_path / "nowhere"))
         assert result.returncode == 2 and str(tmp_path / "nowhere") in result.stderr and "plan.json" in result.stderr
-    assert cli("status", str(tmp_path), "--format", "delta").returncode == 2  # a table needs --partition
+    assert cli("status", str(tmp_path), "--format", "delta").returncode == 2  # a table needs --table-partition
     assert cli("frobnicate", str(tmp_path)).returncode == 2
 
 
@@ -178,11 +178,12 @@ def test_a_delta_tables_date_has_a_status_per_writer(tmp_path, ray_local):
     write_input(tmp_path / "in", [150])
     cfg = table_config(tmp_path, "delta")
     run_batch_inference(cfg)
-    result = cli("status", cfg.output_path, "--format", "delta", "--partition", "ds=2026-11-24", "--json")
+    result = cli("status", cfg.output_path, "--format", "delta", "--table-partition", "ds=2026-11-24", "--json")
     assert result.returncode == 0, result.stderr
     [writer] = json.loads(result.stdout)["writers"]
     assert writer["state"] == "done" and writer["rows_out"] == 150 and writer["table_commits"] == 1
-    text = cli("status", cfg.output_path, "--format", "delta", "--partition", "ds=2026-11-24").stdout
+    text = cli("status", cfg.output_path, "--format", "delta", "--table-partition", "ds=2026-11-24").stdout
     assert "generation 0" in text and "table commits 1, adding 2 of 2 ranges" in text
+    # --partition: the old name of --table-partition, kept as an alias.
     verified = cli("verify", cfg.output_path, "--format", "delta", "--partition", "ds=2026-11-24")
     assert verified.returncode == 0 and verified.stdout.startswith("OK "), verified.stdout + verified.stderr

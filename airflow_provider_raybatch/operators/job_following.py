@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_raybatch.hooks.ray import RayHook
     from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
-    from airflow_provider_raybatch.pipeline.partitions import Partition
+    from airflow_provider_raybatch.pipeline.shards import Shard
     from airflow_provider_raybatch.pipeline.summary import RunSummary
     from airflow_provider_raybatch.runners.base import PipelineRunner
 
@@ -43,7 +43,7 @@ class RayJobFollowing:
     ray_conn_id: str | None
     deferrable: bool
     poll_interval: float
-    plan_partitions: int | None
+    plan_shards: int | None
     output_path: str
     retries: int | None
     execution_timeout: timedelta | None
@@ -83,7 +83,7 @@ class RayJobFollowing:
                 # What the job's result needs once it ended (no secret): the config is not built again.
                 kwargs={
                     "output_path": config.output_path,
-                    "planning": self.plan_partitions is not None,
+                    "planning": self.plan_shards is not None,
                     "max_rows": config.max_rows,
                 },
             )
@@ -95,7 +95,7 @@ class RayJobFollowing:
     @staticmethod
     def _job_result(
         runner: PipelineRunner, info: JobInfo, output_path: str, options: dict[str, Any], planning: bool
-    ) -> RunSummary | list[Partition]:
+    ) -> RunSummary | list[Shard]:
         """The ended job's result; a job that failed fails the try, without a retry where one cannot help."""
         result = runner.result(info, output_path, options, planning=planning)
         if isinstance(result, JobFailure):

@@ -8,6 +8,7 @@ arguments as rendered, the job's link, waiting or deferring, which failures are 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -37,6 +38,7 @@ from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableE
 from airflow_provider_raybatch.runners.factory import runner_for
 from airflow_provider_raybatch.version_compat import (
     AirflowFailException,
+    AirflowProviderDeprecationWarning,
     AirflowTaskTimeout,
     conf,
 )
@@ -44,7 +46,7 @@ from airflow_provider_raybatch.version_compat import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_provider_raybatch.pipeline.partitions import Partition
+    from airflow_provider_raybatch.pipeline.shards import Shard
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 #: ``asset`` not given: derive it from the output path.
@@ -89,16 +91,18 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
     :param asset: the output's Asset, declared as an outlet; its event's ``extra`` holds the summary.
         Default: derived from ``output_path``'s static prefix (``file:///data/preds`` for
         ``/data/preds/{{ ds }}``), none if it has none; an ``Asset`` or URI; None: no outlet.
-    :param plan_partitions: plan the output into at most this many partitions and return them
-        (a list, for ``.expand(partition=...)``) instead of running. Use the same other arguments
+    :param plan_shards: plan the output into at most this many shards (groups of its ranges) and
+        return them (a list, for ``.expand(shard=...)``) instead of running. Use the same other arguments
         as the mapped task. With a cluster the planning is a Ray Job (waited for like a run,
         ``deferrable`` included) that reads the input's Parquet footers on the cluster, with Ray
         tasks for many files; without one, the task reads them.
-    :param partition: one item of a planning task's result: process only its ranges. Set by
-        dynamic task mapping: ``.partial(...).expand(partition=plan.output)``. Such a task never
+    :param shard: one item of a planning task's result: process only its ranges. Set by
+        dynamic task mapping: ``.partial(...).expand(shard=plan.output)``. Such a task never
         resets the output (``mode`` is applied by the planning task) and touches only its ranges.
         With a table output, the mapped tasks write one partition of the table as their planning
         task's writer (see docs/operators/tables.md).
+    :param plan_partitions: deprecated name of ``plan_shards``.
+    :param partition: deprecated name of ``shard``.
     """
 
     template_fields: Sequence[str] = (
@@ -142,14 +146,16 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
         lease_timeout: float = _CONFIG.lease_timeout,
         progress_timeout: float | timedelta | None = _CONFIG.progress_timeout,
         asset: Asset | str | None = _DERIVED,
-        plan_partitions: int | None = None,
-        partition: dict[str, Any] | None = None,
+        plan_shards: int | None = None,
+        shard: dict[str, Any] | None = None,
         output_format: str = "parquet",
         table: str | None = None,
         table_partition: dict[str, str] | None = None,
         iceberg_conn_id: str | None = IcebergCatalogHook.default_conn_name,
         table_commit_interval: float = TableOutput.commit_interval,
         table_add_columns: bool = TableOutput.add_columns,
+        plan_partitions: int | None = None,
+        partition: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -163,11 +169,11 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
         self.max_error_fraction = max_error_fraction
         self.lease_timeout = lease_timeout
         self.progress_timeout = progress_timeout
-        self.plan_partitions = plan_partitions
-        self.partition = partition
+        self.plan_shards = _renamed("plan_shards", plan_shards, "plan_partitions", plan_partitions)
+        self.shard = _renamed("shard", shard, "partition", partition)
         # A planning task writes no rows; the tasks of a mapped run would each emit an event for
         # their part: by default neither declares the asset (declare it on a task after them).
-        derived_none = asset is _DERIVED and (plan_partitions is not None or partition is not None)
+        derived_none = asset is _DERIVED and (self.plan_shards is not None or self.shard is not None)
         self.asset = None if derived_none else resolve_asset(asset, output_path, _DERIVED)
         if self.asset is not None:
             self.outlets = [*self.outlets, self.asset]
@@ -195,7 +201,7 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
         raise NotImplementedError
 
     def build_config(self, context: Context) -> BatchInferenceConfig:
-        from airflow_provider_raybatch.pipeline.partitions import Partition
+        from airflow_provider_raybatch.pipeline.shards import Shard
 
         ti = context["ti"]
         check_paths(input_path=self.input_path, output_path=self.output_path)
@@ -215,7 +221,7 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
             try_number=ti.try_number,
             lease_timeout=self.lease_timeout,
             progress_timeout=rendered_seconds(self.progress_timeout),
-            range_ids=None if self.partition is None else Partition.from_dict(self.partition).range_ids,
+            range_ids=None if self.shard is None else Shard.from_dict(self.shard).range_ids,
             table=self._table_output(context),
         )
         # Rendered values are checked before any Ray work: a bad one fails the task without retries.
@@ -235,14 +241,14 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
         ti = context["ti"]
         writer = f"{ti.dag_id}.{ti.task_id}" + (f".{ti.map_index}" if ti.map_index >= 0 else "")
         generation = None
-        if self.partition is not None:
-            from airflow_provider_raybatch.pipeline.partitions import Partition
+        if self.shard is not None:
+            from airflow_provider_raybatch.pipeline.shards import Shard
 
             # The tasks of a mapped run write as one writer, their planning task, into its generation.
-            planned = Partition.from_dict(self.partition)
+            planned = Shard.from_dict(self.shard)
             if planned.writer is None or planned.generation is None:
                 raise ConfigError(
-                    f"partition {planned.index} was planned for a Parquet folder: give the planning task "
+                    f"shard {planned.index} was planned for a Parquet folder: give the planning task "
                     f"output_format={self.output_format!r} too"
                 )
             writer, generation = planned.writer, planned.generation
@@ -262,14 +268,14 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
         with _fail_without_retry():
             config = self.build_config(context)
-            planning = self.plan_partitions is not None
+            planning = self.plan_shards is not None
             if planning:
-                from airflow_provider_raybatch.pipeline.partitions import check_partitions
+                from airflow_provider_raybatch.pipeline.shards import check_shards
 
-                check_partitions(config, self.plan_partitions)
+                check_shards(config, self.plan_shards)
             runner = runner_for(self.hook, context["ti"], context.get("task_state_store"))
             try:
-                outcome = runner.plan(config, self.plan_partitions) if planning else runner.run(config)
+                outcome = runner.plan(config, self.plan_shards) if planning else runner.run(config)
                 if isinstance(outcome, JobInfo):
                     ended = self._follow_job(context, runner, outcome, config)
                     outcome = self._job_result(runner, ended, config.output_path, config.storage_options, planning)
@@ -287,7 +293,7 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
     ) -> dict[str, Any] | list[dict[str, Any]]:
         """Resume after the trigger fired: the job ended, timed out, or could not be followed.
 
-        :param output_path: the output the job writes; ``planning``: whether it plans partitions;
+        :param output_path: the output the job writes; ``planning``: whether it plans shards;
             ``max_rows``: the run's (rendered) limit. Given by the deferring try; a task deferred by
             an earlier version of the provider, which gave none, takes them from its arguments.
         """
@@ -305,7 +311,7 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
             self.submission_id, JobStatus(event["status"]), event.get("message", ""), event.get("driver_exit_code")
         )
         if output_path is None:
-            output_path, planning = self.output_path, self.plan_partitions is not None
+            output_path, planning = self.output_path, self.plan_shards is not None
             max_rows = rendered_number("max_rows", self.max_rows, int, "an integer >= 1 or None", optional=True)
         runner = runner_for(self.hook, context["ti"], context.get("task_state_store"))
         with _fail_without_retry():
@@ -313,11 +319,11 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
             return self._done(context, result, max_rows)
 
     def _done(
-        self, context: Context, outcome: RunSummary | list[Partition], max_rows: int | None
+        self, context: Context, outcome: RunSummary | list[Shard], max_rows: int | None
     ) -> dict[str, Any] | list[dict[str, Any]]:
-        """The task's XCom result: the run's summary (also on the asset's event), or the partitions."""
+        """The task's XCom result: the run's summary (also on the asset's event), or the shards."""
         if isinstance(outcome, list):
-            self.log.info("Partitions: %s", [(p.index, len(p.range_ids), p.rows) for p in outcome])
+            self.log.info("Shards: %s", [(p.index, len(p.range_ids), p.rows) for p in outcome])
             return [p.to_dict() for p in outcome]
         summary = outcome.to_dict()
         self.log.info("Batch inference summary: %s", summary)
@@ -354,3 +360,16 @@ def _fail_without_retry() -> Iterator[None]:
         yield
     except NotRetryableError as e:
         raise AirflowFailException(str(e)) from None
+
+
+def _renamed(name: str, value: Any, old_name: str, old_value: Any) -> Any:
+    """The argument ``name``'s value, or that of its deprecated name ``old_name`` (with a warning).
+
+    :raises ConfigError: both are given.
+    """
+    if old_value is None:
+        return value
+    if value is not None:
+        raise ConfigError(f"{old_name} is the deprecated name of {name}: give {name} only, not both")
+    warnings.warn(f"{old_name} is deprecated: use {name}", AirflowProviderDeprecationWarning, stacklevel=3)
+    return old_value

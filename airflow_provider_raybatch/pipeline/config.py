@@ -192,7 +192,7 @@ class TableOutput:
         default=False,
     )
     generation: int | None = described(
-        "set on the tasks of a mapped run (from their planned partition): the generation that its planning "
+        "set on the tasks of a mapped run (from their planned shard): the generation that its planning "
         "task chose, which they write together (None: the run chooses).",
         default=None,
     )
@@ -263,7 +263,7 @@ class BatchInferenceConfig:
     )
     range_ids: list[str] | None = described(
         "process only these ranges of an output already planned by "
-        ":func:`~airflow_provider_raybatch.pipeline.partitions.plan_partitions` (one partition of a mapped "
+        ":func:`~airflow_provider_raybatch.pipeline.shards.plan_shards` (one shard of a mapped "
         "run); None: every range.",
         default=None,
     )
@@ -341,8 +341,8 @@ class BatchInferenceConfig:
             self.table.validate()
             if (self.range_ids is None) != (self.table.generation is None):
                 raise ConfigError(
-                    f"a mapped partition of a {self.table.format} output needs both its range_ids and the "
-                    "generation its planning task chose: pass the partition plan_partitions returned"
+                    f"a mapped shard of a {self.table.format} output needs both its range_ids and the "
+                    "generation its planning task chose: pass the shard plan_shards returned"
                 )
 
     def to_spec(self) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """Entry point of a Ray Job: ``python -m airflow_provider_raybatch.pipeline.job '<spec JSON>'``.
 
 The spec is :meth:`BatchInferenceConfig.to_spec` plus the submission id and namespace, and, for
-the planning task of a mapped run, ``plan_partitions``; it holds no credentials: storage access
+the planning task of a mapped run, ``plan_shards``; it holds no credentials: storage access
 comes from the cluster's environment or the job's runtime_env. The job's result (a run's
-summary, or the planned partitions) is written to ``<output>/_raybatch/jobs/<submission id>.json``
+summary, or the planned shards) is written to ``<output>/_raybatch/jobs/<submission id>.json``
 for the task to read. Exit status :data:`NOT_RETRYABLE_EXIT` means a :class:`NotRetryableError`
 (bad settings or input, or too many engine errors): retrying cannot help.
 """
@@ -22,21 +22,23 @@ from airflow_provider_raybatch.pipeline.errors import ERROR_PREFIX, NOT_RETRYABL
 from airflow_provider_raybatch.pipeline.store.files import read_json, write_json
 
 if TYPE_CHECKING:
-    from airflow_provider_raybatch.pipeline.partitions import Partition
+    from airflow_provider_raybatch.pipeline.shards import Shard
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 
 def entrypoint(
-    config_spec: dict[str, Any], submission_id: str, namespace: str | None, *, plan_partitions: int | None = None
+    config_spec: dict[str, Any], submission_id: str, namespace: str | None, *, plan_shards: int | None = None
 ) -> str:
     """The job's command line, for :meth:`BatchInferenceConfig.to_spec` output.
 
-    :param plan_partitions: plan the output into at most this many partitions (the planning task
+    :param plan_shards: plan the output into at most this many shards (the planning task
         of a mapped run) instead of running it.
     """
     spec: dict[str, Any] = {"submission_id": submission_id, "namespace": namespace, "config": config_spec}
-    if plan_partitions is not None:
-        spec["plan_partitions"] = plan_partitions
+    if plan_shards is not None:
+        # The key the driver reads keeps its old name: a driver of another version on the cluster
+        # that missed it would run the whole output instead of planning it.
+        spec["plan_partitions"] = plan_shards
     return f"python -m airflow_provider_raybatch.pipeline.job {shlex.quote(json.dumps(spec, sort_keys=True))}"
 
 
@@ -64,34 +66,33 @@ def read_job_summary(output_path: str, storage_options: dict[str, Any], submissi
     return None if result is None else RunSummary.from_dict({**result, "ray_submission_id": submission_id})
 
 
-def read_job_partitions(
-    output_path: str, storage_options: dict[str, Any], submission_id: str
-) -> list[Partition] | None:
-    """The partitions a planning Ray Job left (None if it left none)."""
-    from airflow_provider_raybatch.pipeline.partitions import Partition
+def read_job_shards(output_path: str, storage_options: dict[str, Any], submission_id: str) -> list[Shard] | None:
+    """The shards a planning Ray Job left (None if it left none)."""
+    from airflow_provider_raybatch.pipeline.shards import Shard
 
     result = read_job_result(output_path, storage_options, submission_id)
     if result is None or not isinstance(result.get("partitions"), list):
         return None
-    return [Partition.from_dict(p) for p in result["partitions"]]
+    return [Shard.from_dict(p) for p in result["partitions"]]
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     spec: dict[str, Any] = json.loads(argv[0])
-    from airflow_provider_raybatch.pipeline.partitions import plan_partitions
     from airflow_provider_raybatch.pipeline.runner import run_batch_inference
     from airflow_provider_raybatch.pipeline.runtime.local_ray import ray_session
+    from airflow_provider_raybatch.pipeline.shards import plan_shards
 
-    submission_id, namespace, partitions = spec["submission_id"], spec.get("namespace"), spec.get("plan_partitions")
+    submission_id, namespace, shards = spec["submission_id"], spec.get("namespace"), spec.get("plan_partitions")
     try:
         # Validated by the task before it submitted the job, and again by the run's own checks (prepare).
         config = BatchInferenceConfig.from_spec(spec["config"])
         # This driver runs on the cluster: joining its Ray costs little, and lets the plan (of a
-        # run, or of the partitions) read many input footers with Ray tasks across the cluster.
+        # run, or of the shards) read many input footers with Ray tasks across the cluster.
         with ray_session("auto", namespace):
-            if partitions is not None:
-                planned = plan_partitions(config, partitions, ray_job=submission_id)
+            if shards is not None:
+                planned = plan_shards(config, shards, ray_job=submission_id)
+                # The result file's key keeps its old name: a task of another version reads it.
                 result = {"partitions": [p.to_dict() for p in planned]}
             else:
                 summary = run_batch_inference(config, ray_address="auto", namespace=namespace, ray_job=submission_id)
@@ -100,8 +101,8 @@ def main(argv: list[str]) -> int:
         print(f"{ERROR_PREFIX}{e}", file=sys.stderr, flush=True)
         return NOT_RETRYABLE_EXIT
     write_job_result(config, submission_id, result)
-    if partitions is not None:
-        logging.getLogger(__name__).info("Partitions: %s", [(p.index, len(p.range_ids), p.rows) for p in planned])
+    if shards is not None:
+        logging.getLogger(__name__).info("Shards: %s", [(p.index, len(p.range_ids), p.rows) for p in planned])
     else:
         logging.getLogger(__name__).info("Batch inference summary: %s", result)
     return 0

@@ -1,6 +1,6 @@
 """Everything a run checks and prepares before Ray starts: settings, the input's plan, the output folder.
 
-Running (:mod:`.runner`) and planning the partitions of a mapped run (:mod:`.partitions`) both
+Running (:mod:`.runner`) and planning the shards of a mapped run (:mod:`.shards`) both
 start here, so an output is always prepared the same way: the plan recorded (or checked against
 the recorded one), ``mode="overwrite"`` applied once per run, the committed ranges read, and the
 files of uncommitted ranges removed.
@@ -219,9 +219,7 @@ def _take_lease(
         # a partition's writer starting together, each creates its lease before it looks for the
         # other's, so the one that looks last sees the other's and stops, in every interleaving.
         # (Listed before, a partition lease created in between was missed, and both wrote.)
-        others = (
-            [make(folder) for folder in ledger.partition_lease_folders()] if whole else [make(ledger.lease_folder())]
-        )
+        others = [make(folder) for folder in ledger.shard_lease_folders()] if whole else [make(ledger.lease_folder())]
         for other in others:
             if (record := other.live()) is not None:
                 raise other.busy_error(record)
@@ -307,7 +305,7 @@ def _refuse_foreign(config: BatchInferenceConfig, ledger: OutputLedger) -> None:
 
 
 def _open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedger) -> dict[str, CommitRecord]:
-    """Check an output planned by ``plan_partitions``; return this partition's committed ranges.
+    """Check an output planned by ``plan_shards``; return this partition's committed ranges.
 
     Never writes the plan nor resets the output (``mode`` was applied by the planning step):
     tasks of other partitions may be writing to the same folder at the same time.
@@ -315,7 +313,7 @@ def _open_partition(config: BatchInferenceConfig, plan: Plan, ledger: OutputLedg
     recorded = ledger.load_plan()
     if recorded is None:
         raise ConfigError(
-            f"output {config.output_path!r} has not been planned: run plan_partitions (the planning task) "
+            f"output {config.output_path!r} has not been planned: run plan_shards (the planning task) "
             "on it before the tasks of its partitions"
         )
     changes, job_diff = _differences(config, plan, recorded)

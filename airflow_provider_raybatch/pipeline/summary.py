@@ -30,18 +30,18 @@ def progress_interval() -> float:
 
 @dataclass(frozen=True)
 class RunSummary:
-    """The counts of one run (or, combined, of the partitions of a mapped run); JSON as a dict.
+    """The counts of one run (or, combined, of the shards of a mapped run); JSON as a dict.
 
-    :param rows_in: rows of the input (of the partition's ranges, for a partition).
+    :param rows_in: rows of the input (of the shard's ranges, for a shard).
     :param rows_out: rows in the output's committed part files.
     :param rows_rejected: rows in the rejects (invalid input and engine errors).
     :param engine_errors: rejected rows that failed in a model.
     :param rows_processed: rows this run processed (committed ranges skipped are not counted).
-    :param ranges_total: ranges of the plan (of the partition).
+    :param ranges_total: ranges of the plan (of the shard).
     :param ranges_done: ranges this run committed.
     :param ranges_skipped: ranges committed by an earlier run.
     :param seconds: the run's duration.
-    :param partitions: how many partition summaries were combined (None for one run).
+    :param shards: how many shard summaries were combined (None for one run).
     :param ray_submission_id: the Ray Job that ran it, on a cluster.
     :param table_version: a table output's version after the run: Delta's table version, or
         Iceberg's current snapshot id.
@@ -62,7 +62,7 @@ class RunSummary:
     ranges_done: int = 0
     ranges_skipped: int = 0
     seconds: float = 0.0
-    partitions: int | None = None
+    shards: int | None = None
     ray_submission_id: str | None = None
     table_version: int | None = None
     tokens_in: int | None = None
@@ -92,25 +92,27 @@ class RunSummary:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunSummary:
         names = {f.name for f in fields(cls)}
+        # ``partitions``: the name of ``shards`` in summaries of earlier versions (XCom, asset events).
+        data = {"shards" if k == "partitions" else k: v for k, v in data.items()}
         return cls(**{k: v for k, v in data.items() if k in names})
 
     @classmethod
     def combine(cls, summaries: Iterable[RunSummary | Mapping[str, Any]]) -> RunSummary:
-        """One summary for the partitions of a mapped run (their XCom dicts or summaries).
+        """One summary for the shards of a mapped run (their XCom dicts or summaries).
 
-        Counts add up; partitions run side by side, so the slowest one is the run's duration.
+        Counts add up; shards run side by side, so the slowest one is the run's duration.
         """
         parts = [s if isinstance(s, RunSummary) else cls.from_dict(s) for s in summaries]
         # Every count field, so that a count added later is combined too.
         counts = {f.name: sum(getattr(p, f.name) for p in parts) for f in fields(cls) if f.type == "int"}
-        for name in TOKEN_FIELDS:  # counted in some partitions, or in none
+        for name in TOKEN_FIELDS:  # counted in some shards, or in none
             counted = [getattr(p, name) for p in parts if getattr(p, name) is not None]
             counts[name] = sum(counted) if counted else None
         return cls(
             output_path=parts[0].output_path if parts else "",
             **counts,
             seconds=max((p.seconds for p in parts), default=0.0),
-            partitions=len(parts),
+            shards=len(parts),
         )
 
 

@@ -30,7 +30,7 @@ def output_figures(
     output: ResolvedOutput, *, detail: bool = True, rejects: bool = True, options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """A task instance's output: its status (per writer for a table), a sample of its rejects,
-    and, for a mapped task instance, its own partition.
+    and, for a mapped task instance, its own shard.
 
     :param output: the resolved output.
     :param detail: with the input plan per file and the committed ranges' picture.
@@ -65,7 +65,7 @@ def output_figures(
         if rejects and status.rows_rejected:
             entry["rejects"] = _rejects(status, ref.storage_options)
         if output.ref.map_index >= 0:
-            entry["partition"] = _own_partition(entry, output)
+            entry["shard"] = _own_shard(entry, output)
         document["outputs"].append(entry)
     document["read_s"] = round(time.perf_counter() - started, 4)
     return document
@@ -89,22 +89,22 @@ def _short(value: Any, width: int = 200) -> Any:
     return value
 
 
-def _own_partition(entry: dict[str, Any], output: ResolvedOutput) -> dict[str, Any] | None:
-    """This task instance's partition: the one planned at its map index (listed before its task
+def _own_shard(entry: dict[str, Any], output: ResolvedOutput) -> dict[str, Any] | None:
+    """This task instance's shard: the one planned at its map index (listed before its task
     starts), else the one whose lease it took (a plan recorded by an earlier release)."""
     ref = output.ref
-    for partition in entry["partitions"]:
-        if partition.get("index") == ref.map_index:
-            return partition
-    for partition in entry["partitions"]:
-        lease = partition.get("lease") or {}
+    for shard in entry["shards"]:
+        if shard.get("index") == ref.map_index:
+            return shard
+    for shard in entry["shards"]:
+        lease = shard.get("lease") or {}
         if (lease.get("dag_id"), lease.get("run_id"), lease.get("task_id"), lease.get("map_index")) == (
             ref.dag_id,
             ref.run_id,
             ref.task_id,
             ref.map_index,
         ):
-            return partition
+            return shard
     return None
 
 
@@ -138,7 +138,7 @@ def summary_line(output: ResolvedOutput) -> dict[str, Any]:
         eta_s=max((s.eta_s for s in statuses if s.eta_s is not None), default=None),
     )
     if output.ref.map_index >= 0 and statuses:
-        line["partition"] = _own_partition(statuses[0].to_dict(), output)
+        line["shard"] = _own_shard(statuses[0].to_dict(), output)
     return line
 
 

@@ -74,7 +74,7 @@ class ResolvedOutput:
     :param source: ``rendered`` (the task instance's rendered fields) or ``dag`` (the serialized DAG).
     :param conn_ids: the store and Iceberg catalog connections (server side only: never answered).
     :param state: the task instance's state (None: never run); ``try_number`` its try.
-    :param mapped: the task is mapped (its instances write partitions of one output).
+    :param mapped: the task is mapped (its instances write shards of one output).
     """
 
     ref: TaskRef

@@ -1,4 +1,4 @@
-"""The interface every runner has: run a config or plan its partitions, wait for a job, take its result."""
+"""The interface every runner has: run a config or plan its shards, wait for a job, take its result."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from airflow_provider_raybatch.hooks.jobs_types import JobFailure, JobInfo
     from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
-    from airflow_provider_raybatch.pipeline.partitions import Partition
+    from airflow_provider_raybatch.pipeline.shards import Shard
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 
 class PipelineRunner(ABC):
-    """Runs a validated config, or plans its partitions for a mapped run, and follows it to its result.
+    """Runs a validated config, or plans its shards for a mapped run, and follows it to its result.
 
     ``run`` and ``plan`` return the result, or the :class:`~airflow_provider_raybatch.hooks.jobs_types.JobInfo`
     of a Ray Job that has not ended yet (only a cluster's runner does): the operator then waits
@@ -29,8 +29,8 @@ class PipelineRunner(ABC):
         """Process the config's ranges that are not committed yet."""
 
     @abstractmethod
-    def plan(self, config: BatchInferenceConfig, partitions: int) -> list[Partition] | JobInfo:
-        """Prepare the output once and cut its ranges into at most ``partitions`` partitions."""
+    def plan(self, config: BatchInferenceConfig, shards: int) -> list[Shard] | JobInfo:
+        """Prepare the output once and cut its ranges into at most ``shards`` shards."""
 
     @abstractmethod
     def wait(self, info: JobInfo, *, poll_interval: float, log_line: Callable[[str], None]) -> JobInfo:
@@ -44,11 +44,11 @@ class PipelineRunner(ABC):
     @abstractmethod
     def result(
         self, info: JobInfo, output_path: str, storage_options: dict[str, Any], *, planning: bool
-    ) -> RunSummary | list[Partition] | JobFailure:
-        """What an ended job left: its summary, or its partitions when ``planning``; or why it failed.
+    ) -> RunSummary | list[Shard] | JobFailure:
+        """What an ended job left: its summary, or its shards when ``planning``; or why it failed.
 
         :param info: the ended job.
         :param output_path: the output it wrote, where its result is.
         :param storage_options: fsspec options (credentials) to read the output with.
-        :param planning: the job planned partitions (``plan``) rather than ran (``run``).
+        :param planning: the job planned shards (``plan``) rather than ran (``run``).
         """

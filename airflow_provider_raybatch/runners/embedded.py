@@ -10,7 +10,7 @@ from airflow_provider_raybatch.runners.base import PipelineRunner
 if TYPE_CHECKING:
     from airflow_provider_raybatch.hooks.jobs_types import JobInfo
     from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
-    from airflow_provider_raybatch.pipeline.partitions import Partition
+    from airflow_provider_raybatch.pipeline.shards import Shard
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 
@@ -23,10 +23,10 @@ class EmbeddedRunner(PipelineRunner):
 
         return run_batch_inference(config)
 
-    def plan(self, config: BatchInferenceConfig, partitions: int) -> list[Partition]:
-        from airflow_provider_raybatch.pipeline.partitions import plan_partitions
+    def plan(self, config: BatchInferenceConfig, shards: int) -> list[Shard]:
+        from airflow_provider_raybatch.pipeline.shards import plan_shards
 
-        return plan_partitions(config, partitions)
+        return plan_shards(config, shards)
 
     def wait(self, info: JobInfo, *, poll_interval: float, log_line: Callable[[str], None]) -> NoReturn:
         raise _no_job(info)

@@ -2,7 +2,7 @@
 
 The job's submission id is derived from the task instance, so any try of the task finds the job
 an earlier try submitted, even one that died right after submitting. A job writes its result
-(the run's summary, or the planned partitions) next to the output, where :meth:`RayJobRunner.result`
+(the run's summary, or the planned shards) next to the output, where :meth:`RayJobRunner.result`
 reads it once the job has ended.
 """
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from airflow_provider_raybatch.hooks.ray import RayHook
     from airflow_provider_raybatch.hooks.ray_connection import RayClusterSettings
     from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
-    from airflow_provider_raybatch.pipeline.partitions import Partition
+    from airflow_provider_raybatch.pipeline.shards import Shard
     from airflow_provider_raybatch.pipeline.summary import RunSummary
 
 
@@ -56,18 +56,16 @@ class RayJobRunner(PipelineRunner):
     def run(self, config: BatchInferenceConfig) -> JobInfo:
         return self._submit(config, None)
 
-    def plan(self, config: BatchInferenceConfig, partitions: int) -> JobInfo:
-        return self._submit(config, partitions)
+    def plan(self, config: BatchInferenceConfig, shards: int) -> JobInfo:
+        return self._submit(config, shards)
 
-    def _submit(self, config: BatchInferenceConfig, plan_partitions: int | None) -> JobInfo:
+    def _submit(self, config: BatchInferenceConfig, plan_shards: int | None) -> JobInfo:
         from airflow_provider_raybatch.pipeline.job import entrypoint
 
         spec = config.to_spec()
         return self.hook.submit_or_attach(
             self.submission_id_prefix,
-            lambda submission_id: entrypoint(
-                spec, submission_id, self.cluster.namespace, plan_partitions=plan_partitions
-            ),
+            lambda submission_id: entrypoint(spec, submission_id, self.cluster.namespace, plan_shards=plan_shards),
             metadata=self.metadata,
             start_attempt=self.start_attempt,
             on_submit=self.on_submit,
@@ -78,15 +76,15 @@ class RayJobRunner(PipelineRunner):
 
     def result(
         self, info: JobInfo, output_path: str, storage_options: dict[str, Any], *, planning: bool
-    ) -> RunSummary | list[Partition] | JobFailure:
-        from airflow_provider_raybatch.pipeline.job import read_job_partitions, read_job_summary
+    ) -> RunSummary | list[Shard] | JobFailure:
+        from airflow_provider_raybatch.pipeline.job import read_job_shards, read_job_summary
 
         sid = info.submission_id
         if info.is_successful:
-            read = read_job_partitions if planning else read_job_summary
+            read = read_job_shards if planning else read_job_summary
             result = read(output_path, storage_options, sid)
             if result is None:
-                what = "partitions" if planning else "summary"
+                what = "shards" if planning else "summary"
                 return JobFailure(f"Ray job {sid} succeeded but left no {what} in {output_path!r}", retryable=True)
             return result
         return info.failure or JobFailure(f"Ray job {sid} has not ended ({info.status.value})", retryable=True)

@@ -23,7 +23,7 @@ DAG_FILES = sorted((REPO / "dags").glob("*.py"))
 EXPECTED_DAGS = {
     "daily_batch_inference",
     "daily_table",
-    "partitioned_batch_inference",
+    "sharded_batch_inference",
     "digits_accuracy_report",
     "vlm_caption",
     "llm_classify",

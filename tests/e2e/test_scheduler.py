@@ -10,7 +10,7 @@ API, with Airflow's production metadata database: a PostgreSQL server of its own
    reruns alone.
 3. Bad Params are refused at trigger time naming the parameter; a bad path that passes the
    schema fails the task at once, without retries.
-4. The mapped example DAG: one task instance per partition (pool of 2 slots), one output
+4. The mapped example DAG: one task instance per shard (pool of 2 slots), one output
    written once, one asset event for the run.
 
 Cron scheduling is off (``use_job_schedule=False``) so that only the runs the test creates
@@ -370,8 +370,8 @@ def test_a_missing_input_fails_the_task_at_once_without_retries(airflow):
     assert not (airflow.data / "output" / "2026-11-07").exists()
 
 
-def test_mapped_partitions_on_the_scheduler_write_the_output_once(airflow):
-    dag_id = "partitioned_batch_inference"
+def test_mapped_shards_on_the_scheduler_write_the_output_once(airflow):
+    dag_id = "sharded_batch_inference"
     rows = digits.write_input(airflow.data / "input" / "2026-11-08")  # 597 rows: 6 ranges of 100
     airflow.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
     airflow.call(
@@ -386,19 +386,19 @@ def test_mapped_partitions_on_the_scheduler_write_the_output_once(airflow):
     run = airflow.wait_for_run("e2e_mapped", dag_id=dag_id)
     assert run["state"] == "success", airflow.logs()
     mapped = airflow.call(
-        "GET", f"/dags/{dag_id}/dagRuns/e2e_mapped/taskInstances", params={"task_id": "predict_partition"}
+        "GET", f"/dags/{dag_id}/dagRuns/e2e_mapped/taskInstances", params={"task_id": "predict_shard"}
     )
     instances = sorted(mapped.json()["task_instances"], key=lambda ti: ti["map_index"])
     assert [(ti["map_index"], ti["rendered_map_index"], ti["state"]) for ti in instances] == [
-        (i, f"partition {i}", "success") for i in range(3)
+        (i, f"shard {i}", "success") for i in range(3)
     ]
-    output = airflow.data / "output-partitioned" / "2026-11-08"
+    output = airflow.data / "output-sharded" / "2026-11-08"
     assert_output_sound(output, range(rows))
     assert len(list(output.glob("part-*.parquet"))) == 6
     scored, accuracy = digits.accuracy(str(output))
     assert scored == rows and accuracy > 0.85
-    # One asset event for the whole mapped run, from the task after the partitions.
+    # One asset event for the whole mapped run, from the task after the shards.
     events = airflow.call("GET", "/assets/events", params={"source_dag_id": dag_id}).json()["asset_events"]
-    assert [(e["source_task_id"], e["extra"]["rows_out"], e["extra"]["partitions"]) for e in events] == [
+    assert [(e["source_task_id"], e["extra"]["rows_out"], e["extra"]["shards"]) for e in events] == [
         ("publish", rows, 3)
     ]

@@ -11,6 +11,7 @@ import pytest
 from airflow_provider_raybatch.operators.arguments import SHARED_ARGUMENTS
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TableOutput
+from airflow_provider_raybatch.pipeline.errors import ConfigError
 
 OPERATOR = inspect.signature(RayPipelineOperator.__init__).parameters
 #: The config's fields the operator takes under the same name (computed: a new one is checked too), but
@@ -50,3 +51,26 @@ def test_every_config_field_is_described_in_the_class_docstring(cls):
     documented = params(cls.__doc__)
     assert list(documented) == [f.name for f in fields(cls)]
     assert all(documented.values())
+
+
+SHARD = {"index": 0, "count": 1, "range_ids": ["a-0-10"], "rows": 10}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "value"), [("plan_partitions", "plan_shards", 3), ("partition", "shard", SHARD)]
+)
+def test_the_shard_arguments_old_names_still_work_with_a_warning_naming_the_new_one(old, new, value):
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    with pytest.warns(AirflowProviderDeprecationWarning, match=f"{old} is deprecated: use {new}"):
+        operator = RayPipelineOperator(task_id="t", input_path="/in", output_path="/out", **{old: value})
+    assert getattr(operator, new) == value
+    assert operator.asset is None  # as with the new name: a planning or mapped task declares no asset
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "value"), [("plan_partitions", "plan_shards", 3), ("partition", "shard", SHARD)]
+)
+def test_a_shard_argument_given_under_both_names_is_refused_naming_both(old, new, value):
+    with pytest.raises(ConfigError, match=f"{old} is the deprecated name of {new}"):
+        RayPipelineOperator(task_id="t", input_path="/in", output_path="/out", **{old: value, new: value})

@@ -11,7 +11,7 @@ from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenc
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.job import write_job_result
-from airflow_provider_raybatch.pipeline.partitions import Partition
+from airflow_provider_raybatch.pipeline.shards import Shard
 from airflow_provider_raybatch.version_compat import AirflowException, AirflowTaskTimeout
 
 
@@ -56,8 +56,8 @@ def test_an_ended_job_s_result_is_read_after_a_deferral_without_building_the_con
     # A cluster's connection (never reached: the result is in the output), and the result the job left there.
     monkeypatch.setenv("AIRFLOW_CONN_RAY_DEFAULT", json.dumps({"conn_type": "ray", "host": "http://127.0.0.1:1"}))
     output = str(tmp_path / "out")
-    partition = Partition(index=0, count=1, range_ids=["a-0-10"], rows=10)
-    left = {"partitions": [partition.to_dict()]} if planning else {"output_path": output, "rows_out": 7}
+    shard = Shard(index=0, count=1, range_ids=["a-0-10"], rows=10)
+    left = {"partitions": [shard.to_dict()]} if planning else {"output_path": output, "rows_out": 7}
     OutputLedger.open(output).fs.makedirs(f"{output}/_raybatch/jobs", exist_ok=True)
     write_job_result(BatchInferenceConfig(input_path="-", output_path=output, stages=[]), "raybatch-x-0", left)
     op = NoRebuild(task_id="score", input_path="/data/in", output_path="/elsewhere", predictor="x:y", asset=None)
@@ -65,6 +65,6 @@ def test_an_ended_job_s_result_is_read_after_a_deferral_without_building_the_con
     event = {"submission_id": "raybatch-x-0", "outcome": "ended", "status": "SUCCEEDED", "message": ""}
     result = op.execute_complete({"ti": ti}, event, output_path=output, planning=planning, max_rows=None)
     if planning:
-        assert result == [partition.to_dict()]
+        assert result == [shard.to_dict()]
     else:
         assert result["rows_out"] == 7 and result["ray_submission_id"] == "raybatch-x-0"

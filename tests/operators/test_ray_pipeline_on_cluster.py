@@ -14,8 +14,8 @@ import pytest
 
 from airflow_provider_raybatch.hooks.jobs_client import run_sync
 from airflow_provider_raybatch.hooks.ray import RayHook
-from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.planning import footers
+from airflow_provider_raybatch.pipeline.shards import plan_shards
 from tests.conftest import REPO, run_dag
 from tests.support.cluster_dags import CONN_ID, LOGICAL_DATE, cluster_dag, mapped_cluster_dag
 from tests.support.data import assert_exactly_once, read_output, write_input
@@ -285,7 +285,7 @@ def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_
     env = {"PYTHONPATH": str(REPO), footers.RAY_FOOTERS_MIN_FILES_ENV: "3"}
     monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", connection(ray_cluster, runtime_env={"env_vars": env}))
     write_input(tmp_path / "in", [150, 150, 100, 0])
-    here = plan_partitions(config(tmp_path, output_path=str(tmp_path / "planned_here")), 2)
+    here = plan_shards(config(tmp_path, output_path=str(tmp_path / "planned_here")), 2)
 
     def read_here(*args, **kwargs):
         raise AssertionError("the Airflow task read an input footer")
@@ -306,7 +306,7 @@ def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_
     assert run.get_task_instance("plan").xcom_pull(task_ids="plan") == [p.to_dict() for p in here]
 
     (plan_job,) = jobs_of(ray_cluster, "mapped_on_cluster", "plan").values()
-    assert plan_job["status"] == "SUCCEEDED" and '"plan_partitions": 2' in plan_job["entrypoint"]
+    assert plan_job["status"] == "SUCCEEDED" and '"plan_shards": 2' in plan_job["entrypoint"]
     assert {j["status"] for j in jobs_of(ray_cluster, "mapped_on_cluster").values()} == {"SUCCEEDED"}
     job_lines = [line for line in capfd.readouterr().out.splitlines() if "[ray job]" in line]
     assert any("Read 4 footers in 1 Ray task(s)" in line for line in job_lines), job_lines[-20:]

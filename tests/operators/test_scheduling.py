@@ -1,5 +1,5 @@
 """What the operator gives Airflow's scheduling: an Asset event with the summary, lineage,
-mapped partitions equal to one task, progress in the task log, fast failures on bad paths.
+mapped shards equal to one task, progress in the task log, fast failures on bad paths.
 All on a real Airflow (`dag.test()`) and a real local Ray."""
 
 from __future__ import annotations
@@ -79,9 +79,7 @@ def test_default_asset_is_the_static_part_of_the_output_path():
         RayBatchInferenceOperator(task_id="b", input_path="/i", output_path="/o", predictor="m:f", asset=None).outlets
         == []
     )
-    planning = RayBatchInferenceOperator(
-        task_id="c", input_path="/i", output_path="/o", predictor="m:f", plan_partitions=2
-    )
+    planning = RayBatchInferenceOperator(task_id="c", input_path="/i", output_path="/o", predictor="m:f", plan_shards=2)
     assert planning.outlets == []
 
 
@@ -163,7 +161,7 @@ def test_the_operator_works_without_the_openlineage_provider():
 
 
 @pytest.mark.usefixtures("ray_local", "airflow_db")
-def test_mapped_partitions_write_exactly_what_one_task_writes(tmp_path):
+def test_mapped_shards_write_exactly_what_one_task_writes(tmp_path):
     write_input(tmp_path / "in" / "2026-11-20", ROWS)
     common = {
         "predictor": "tests.support.predictors:score",
@@ -176,9 +174,9 @@ def test_mapped_partitions_write_exactly_what_one_task_writes(tmp_path):
     mapped_out = str(tmp_path / "mapped" / "{{ ds }}")
     with DAG("mapped_vs_unmapped", schedule=None, start_date=LOGICAL_DATE) as dag:
         RayBatchInferenceOperator(task_id="whole", output_path=str(tmp_path / "whole" / "{{ ds }}"), **common)
-        plan = RayBatchInferenceOperator(task_id="plan", output_path=mapped_out, plan_partitions=3, **common)
+        plan = RayBatchInferenceOperator(task_id="plan", output_path=mapped_out, plan_shards=3, **common)
         mapped = RayBatchInferenceOperator.partial(task_id="part", output_path=mapped_out, **common).expand(
-            partition=plan.output
+            shard=plan.output
         )
 
         @task
@@ -198,13 +196,13 @@ def test_mapped_partitions_write_exactly_what_one_task_writes(tmp_path):
         ("combine", -1): "success",
     }
     ti = run.get_task_instance("combine")
-    partitions = ti.xcom_pull(task_ids="plan")
-    assert [len(p["range_ids"]) for p in partitions] == [2, 3, 3]  # 5 + 3 ranges, as equal as can be
+    shards = ti.xcom_pull(task_ids="plan")
+    assert [len(p["range_ids"]) for p in shards] == [2, 3, 3]  # 5 + 3 ranges, as equal as can be
     combined = ti.xcom_pull(task_ids="combine")
     whole_summary = ti.xcom_pull(task_ids="whole")
     for key in ("rows_in", "rows_out", "rows_processed", "ranges_total", "ranges_done"):
         assert combined[key] == whole_summary[key], key
-    assert combined["partitions"] == 3
+    assert combined["shards"] == 3
 
     whole, parts = tmp_path / "whole" / "2026-11-20", tmp_path / "mapped" / "2026-11-20"
     assert sorted(p.name for p in parts.glob("part-*")) == sorted(p.name for p in whole.glob("part-*"))
@@ -226,7 +224,7 @@ def test_a_relative_path_fails_the_task_at_once_naming_the_argument(tmp_path):
     }
     with pytest.raises(AirflowFailException, match="output_path must be an absolute path or a URL"):
         operator.execute(context)
-    operator.plan_partitions = 2
+    operator.plan_shards = 2
     with pytest.raises(AirflowFailException, match="output_path must be an absolute path or a URL"):
         operator.execute(context)
 

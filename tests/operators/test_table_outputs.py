@@ -118,7 +118,7 @@ def test_an_iceberg_catalog_on_postgresql_from_a_connection(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
-def test_a_mapped_run_writes_its_date_of_the_table_from_every_partition_once(tmp_path, fmt, monkeypatch):
+def test_a_mapped_run_writes_its_date_of_the_table_from_every_shard_once(tmp_path, fmt, monkeypatch):
     """A planning task and its mapped tasks write one date of the table: every row once, and the
     date's rerun with mode="overwrite" replaces it in one commit (made by the last mapped task)."""
     pytest.importorskip("deltalake" if fmt == "delta" else "pyiceberg")
@@ -136,8 +136,8 @@ def test_a_mapped_run_writes_its_date_of_the_table_from_every_partition_once(tmp
         "mode": "overwrite",
     }
     with DAG(f"mapped_{fmt}_table", schedule="@daily", start_date=DAY_1, catchup=False) as dag:
-        plan = RayBatchInferenceOperator(task_id="plan", plan_partitions=2, **common)
-        RayBatchInferenceOperator.partial(task_id="score", **common).expand(partition=plan.output)
+        plan = RayBatchInferenceOperator(task_id="plan", plan_shards=2, **common)
+        RayBatchInferenceOperator.partial(task_id="score", **common).expand(shard=plan.output)
     catalog = own_catalog(tmp_path, monkeypatch)
     for rows in (250, 150):  # the second time on new input: the date is replaced
         write_input(tmp_path / "in", [rows])

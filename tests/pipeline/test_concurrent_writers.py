@@ -11,8 +11,8 @@ import time
 import pytest
 
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
-from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.shards import plan_shards
 from tests.support.data import assert_output_sound, read_output, write_input
 from tests.support.leases import make_stale
 from tests.support.pipeline_runs import commit_count, config, kill_leftovers, run_in_subprocess
@@ -145,9 +145,9 @@ def test_a_writer_whose_files_vanish_in_a_takeover_fails_naming_it_and_deletes_n
     assert_output_sound(output, range(400))
 
 
-def test_partitions_run_side_by_side_and_exclude_a_whole_output_writer(tmp_path):
+def test_shards_run_side_by_side_and_exclude_a_whole_output_writer(tmp_path):
     write_input(tmp_path / "in", [1200])
-    first, second = plan_partitions(config(tmp_path, **SLOW), 2)
+    first, second = plan_shards(config(tmp_path, **SLOW), 2)
     writer = start_writer(tmp_path, range_ids=first.range_ids)
     try:
         with pytest.raises(
@@ -157,7 +157,7 @@ def test_partitions_run_side_by_side_and_exclude_a_whole_output_writer(tmp_path)
             run_batch_inference(config(tmp_path, run_key="dag_a/run_1/score/0", range_ids=first.range_ids, **SLOW))
         with pytest.raises(OutputBusyError, match=r"partition [0-9a-f]{16} of output .* is being written by dag dag_a"):
             run_batch_inference(config(tmp_path, mode="overwrite", run_key="dag_a/run_2/plan/-1", **SLOW))
-        # The other partition runs meanwhile.
+        # The other shard runs meanwhile.
         other = run_batch_inference(config(tmp_path, run_key="dag_a/run_1/score/1", range_ids=second.range_ids, **SLOW))
         assert other.ranges_done == len(second.range_ids)
     finally:

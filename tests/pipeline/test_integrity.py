@@ -27,10 +27,10 @@ from airflow_provider_raybatch.pipeline.errors import (
     OutputSchemaError,
     RowKeyError,
 )
-from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.planning.input_files import read_file_info
 from airflow_provider_raybatch.pipeline.planning.planner import input_changes, plan_input
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.shards import plan_shards
 from tests.support.data import assert_output_sound, features_table, read_output, write_input
 from tests.support.pipeline_runs import commit_count, config
 
@@ -115,14 +115,14 @@ def test_a_stage_whose_output_type_drifts_commits_nothing_of_the_drifting_range(
     assert [f["name"] for f in recorded["fields"]] == ["id", "features", "group", "score"]
 
 
-def test_partitions_of_one_output_are_held_to_the_schema_the_first_recorded(tmp_path):
+def test_shards_of_one_output_are_held_to_the_schema_the_first_recorded(tmp_path):
     write_input(tmp_path / "in", [400])
     base = config(
         tmp_path, "tests.support.predictors:IntegerScoreFor", predictor_kwargs={"drift_id": 350}, batch_size=100
     )
-    first, second = plan_partitions(base, 2)
+    first, second = plan_shards(base, 2)
 
-    def partition(p):
+    def shard(p):
         return config(
             tmp_path,
             "tests.support.predictors:IntegerScoreFor",
@@ -131,9 +131,9 @@ def test_partitions_of_one_output_are_held_to_the_schema_the_first_recorded(tmp_
             range_ids=p.range_ids,
         )
 
-    run_batch_inference(partition(first))  # records score: float
+    run_batch_inference(shard(first))  # records score: float
     with pytest.raises(OutputSchemaError, match=r"column 'score' has type int64 where the output has float"):
-        run_batch_inference(partition(second))
+        run_batch_inference(shard(second))
     assert read_output(tmp_path / "out").schema.field("score").type == pa.float32()
     only_uncommitted_faults(tmp_path / "out")
 

@@ -287,23 +287,23 @@ def test_a_file_that_stays_unreadable_is_still_an_input_error(s3_server, proxy):
         read_file_info(fs, f"{BUCKET}/{prefix}/in/part-0.parquet", f"{BUCKET}/{prefix}/in")
 
 
-def test_a_whole_output_writer_and_a_partition_writer_starting_together_never_both_write(s3_server, proxy):
+def test_a_whole_output_writer_and_a_shard_writer_starting_together_never_both_write(s3_server, proxy):
     """Case 4: a whole-output writer (an overwrite, say) whose lease create is slow (one PUT long on
-    S3), and a partition's task that starts inside that window. The whole-output writer used to
-    list the partitions' leases before creating its own, so both passed their checks and wrote
+    S3), and a shard's task that starts inside that window. The whole-output writer used to
+    list the shards' leases before creating its own, so both passed their checks and wrote
     into one output. Now each looks for the other only once its own lease exists: one is refused."""
     import dataclasses
     import threading
 
     from airflow_provider_raybatch.pipeline.errors import OutputBusyError
-    from airflow_provider_raybatch.pipeline.partitions import plan_partitions
     from airflow_provider_raybatch.pipeline.prepare import prepare
+    from airflow_provider_raybatch.pipeline.shards import plan_shards
 
     prefix = f"handover-{uuid.uuid4().hex[:8]}"
     write_input(s3_server, prefix, [50, 50])
     whole = task_config(s3_server, proxy, prefix)
-    first, _ = plan_partitions(whole, 2)
-    partition = dataclasses.replace(whole, range_ids=first.range_ids, run_key=f"dag/{prefix}/task/0")
+    first, _ = plan_shards(whole, 2)
+    shard = dataclasses.replace(whole, range_ids=first.range_ids, run_key=f"dag/{prefix}/task/0")
     slow = proxy.add("delay", method="PUT", path=r"/_raybatch/lease/0+\d+\.json$", delay_s=4, times=1)
     outcome: dict[str, object] = {}
 
@@ -318,9 +318,9 @@ def test_a_whole_output_writer_and_a_partition_writer_starting_together_never_bo
     while not slow.applied:  # the whole-output writer's lease create is on its way
         time.sleep(0.05)
     try:
-        outcome["partition"] = prepare(partition)
+        outcome["shard"] = prepare(shard)
     except OutputBusyError as e:
-        outcome["partition"] = e
+        outcome["shard"] = e
     thread.join()
     writers = [run for run in outcome.values() if not isinstance(run, Exception)]
     for run in writers:

@@ -1,4 +1,4 @@
-"""RunSummary: the XCom form, and combining the partitions of a mapped run."""
+"""RunSummary: the XCom form, and combining the shards of a mapped run."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_the_xcom_form_has_the_documented_keys_and_round_trips():
     assert RunSummary.from_dict({**data, "ray_submission_id": "j-0"}).to_dict()["ray_submission_id"] == "j-0"
 
 
-def test_combining_partitions_adds_every_count_and_keeps_the_slowest_time():
+def test_combining_shards_adds_every_count_and_keeps_the_slowest_time():
     parts = [
         RunSummary(
             "/out",
@@ -68,12 +68,15 @@ def test_combining_partitions_adds_every_count_and_keeps_the_slowest_time():
         ranges_done=2,
         ranges_skipped=1,
         seconds=3.0,
-        partitions=2,
+        shards=2,
     )
     assert combined.to_dict()["rows_per_second"] == 4.0
+    # A combined summary of an earlier version (XCom, an asset event's extra) called them partitions.
+    old = {k: v for k, v in combined.to_dict().items() if k != "shards"}
+    assert RunSummary.from_dict({**old, "partitions": 2}) == combined
 
 
-def test_tokens_appear_only_where_counted_and_partitions_add_them_up():
+def test_tokens_appear_only_where_counted_and_shards_add_them_up():
     counted = RunSummary("/out", rows_processed=4, seconds=2.0, tokens_in=400, tokens_out=90, tokens_out_processed=60)
     data = counted.to_dict()
     assert (data["tokens_in"], data["tokens_out"], data["tokens_per_second"]) == (400, 90, 30.0)

@@ -1,4 +1,4 @@
-"""What a Ray Job left, read as the task's result: its summary or partitions, or why it failed."""
+"""What a Ray Job left, read as the task's result: its summary or shards, or why it failed."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from airflow_provider_raybatch.pipeline import BatchInferenceConfig, Stage
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.errors import ERROR_PREFIX, NOT_RETRYABLE_EXIT
 from airflow_provider_raybatch.pipeline.job import write_job_result
-from airflow_provider_raybatch.pipeline.partitions import Partition
+from airflow_provider_raybatch.pipeline.shards import Shard
 from airflow_provider_raybatch.pipeline.summary import RunSummary
 from airflow_provider_raybatch.runners.ray_job import RayJobRunner, submission_id_prefix
 
@@ -38,16 +38,16 @@ def test_a_succeeded_job_s_summary_carries_its_submission_id(config):
     assert isinstance(result, RunSummary) and (result.rows_out, result.ray_submission_id) == (7, "job-0")
 
 
-def test_a_planning_job_s_partitions_are_read_back(config):
-    partition = Partition(index=0, count=1, range_ids=["a-0-10", "a-10-20"], rows=20)
-    write_job_result(config, "plan-0", {"partitions": [partition.to_dict()]})
-    assert job_result(config, JobInfo("plan-0", JobStatus.SUCCEEDED), planning=True) == [partition]
+def test_a_planning_job_s_shards_are_read_back(config):
+    shard = Shard(index=0, count=1, range_ids=["a-0-10", "a-10-20"], rows=20)
+    write_job_result(config, "plan-0", {"partitions": [shard.to_dict()]})
+    assert job_result(config, JobInfo("plan-0", JobStatus.SUCCEEDED), planning=True) == [shard]
 
 
 @pytest.mark.parametrize("planning", [False, True])
 def test_a_succeeded_job_that_left_nothing_fails_the_try_retryably_naming_the_output(config, planning):
     result = job_result(config, JobInfo("job-1", JobStatus.SUCCEEDED), planning=planning)
-    what = "partitions" if planning else "summary"
+    what = "shards" if planning else "summary"
     assert result == JobFailure(f"Ray job job-1 succeeded but left no {what} in {config.output_path!r}", retryable=True)
 
 

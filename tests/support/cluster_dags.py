@@ -31,8 +31,8 @@ def cluster_dag(dag_id: str, **operator_kwargs: Any) -> DAG:
     return dag
 
 
-def mapped_cluster_dag(dag_id: str, partitions: int, *, plan_deferrable: bool = False, **operator_kwargs: Any) -> DAG:
-    """A mapped run on the test cluster: the planning task ``plan``, then ``score`` mapped over its partitions."""
+def mapped_cluster_dag(dag_id: str, shards: int, *, plan_deferrable: bool = False, **operator_kwargs: Any) -> DAG:
+    """A mapped run on the test cluster: the planning task ``plan``, then ``score`` mapped over its shards."""
     common = {
         "ray_conn_id": CONN_ID,
         "id_column": "id",
@@ -40,10 +40,8 @@ def mapped_cluster_dag(dag_id: str, partitions: int, *, plan_deferrable: bool = 
         **{"predictor": "tests.support.predictors:score", "num_cpus": 0.5, **operator_kwargs},
     }
     with DAG(dag_id, schedule=None, start_date=LOGICAL_DATE) as dag:
-        plan = RayBatchInferenceOperator(
-            task_id="plan", plan_partitions=partitions, deferrable=plan_deferrable, **common
-        )
-        RayBatchInferenceOperator.partial(task_id="score", **common).expand(partition=plan.output)
+        plan = RayBatchInferenceOperator(task_id="plan", plan_shards=shards, deferrable=plan_deferrable, **common)
+        RayBatchInferenceOperator.partial(task_id="score", **common).expand(shard=plan.output)
     return dag
 
 

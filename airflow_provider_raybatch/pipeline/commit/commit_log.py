@@ -22,8 +22,8 @@ the merged ones are deleted: a crash in between leaves records twice, which read
 A writer thus leaves at most ``SEGMENT_FANOUT x log(batches)`` segments, and the whole-output
 writer folds everything into ``manifest.json`` at the end of its run (:meth:`compact`), so a
 resume reads O(segments) objects, not one per range. Segments are named per writer (scope: the
-whole output or a partition's lease key; a fresh id per writer): partitions writing side by
-side never write the same object, and only a whole-output writer, which excludes every partition
+whole output or a shard's lease key; a fresh id per writer): shards writing side by
+side never write the same object, and only a whole-output writer, which excludes every shard
 writer by the leases, rewrites the manifest.
 """
 
@@ -52,7 +52,7 @@ PLAN_VERSION = 2
 PER_RANGE_RECORDS = 1
 #: Segments of one level a writer merges into one of the next level.
 SEGMENT_FANOUT = 16
-#: The scope of the whole-output writer's segments (a partition's is its lease key).
+#: The scope of the whole-output writer's segments (a shard's is its lease key).
 OUTPUT_SCOPE = "output"
 #: Listings of the records :meth:`CommitLog.committed` makes before a segment merged away under it is an error.
 _READ_ATTEMPTS = 20
@@ -90,7 +90,7 @@ class CommitLog:
         #: What the latest :meth:`committed` read: objects per kind ("manifest", "segments", "records").
         self.last_read: dict[str, int] = {}
         #: Range id -> scope of the segment its record was read from, by the latest :meth:`committed`
-        #: (records in the manifest or in layout-1 files have none): which partition's writer committed it.
+        #: (records in the manifest or in layout-1 files have none): which shard's writer committed it.
         self.last_scopes: dict[str, str] = {}
         self._segments_seen = False  # segments found by a read: there is something to fold
         #: Called before every publish, commit record and removal: raises once this writer lost its lease.
@@ -224,7 +224,7 @@ class CommitLog:
 
     def finish(self) -> None:
         """At the end of a writer's run: the whole output's writer folds every record into the
-        manifest (:meth:`compact`); a partition's writer merges its scope's segments into one."""
+        manifest (:meth:`compact`); a shard's writer merges its scope's segments into one."""
         if self.scope == OUTPUT_SCOPE:
             if self._levels or self._segments_seen:
                 self.compact()
@@ -233,7 +233,7 @@ class CommitLog:
 
     def _merge_all(self) -> None:
         """Merge every segment of this writer's scope into one: its own, and those that earlier
-        writers of the scope (killed tries of the same partition) left. The scope's lease keeps any
+        writers of the scope (killed tries of the same shard) left. The scope's lease keeps any
         other writer of it away meanwhile."""
         prefix = f"{self.scope}."
         paths = [p for p in _json_files(self.fs, self.segments_dir) if posixpath.basename(p).startswith(prefix)]
@@ -251,7 +251,7 @@ class CommitLog:
 
     def compact(self) -> None:
         """Fold every record (manifest, segments of any writer) into the manifest; delete the
-        segments folded. Only for the whole output's writer: its lease excludes every partition's
+        segments folded. Only for the whole output's writer: its lease excludes every shard's
         writer, so no segment appears meanwhile that the manifest would miss.
 
         The new manifest is durable before any segment goes: a crash in between leaves records

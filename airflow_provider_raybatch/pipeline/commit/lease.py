@@ -1,4 +1,4 @@
-"""The writer lease of an output (or of one partition's ranges): one writer at a time, fenced commits.
+"""The writer lease of an output (or of one shard's ranges): one writer at a time, fenced commits.
 
 A lease is a folder of generation files, ``_raybatch/lease/<generation>.json``; the highest
 generation is the current lease. Taking the lease creates the next generation's file with a
@@ -133,7 +133,7 @@ class LeaseRecord:
 
 
 class Lease:
-    """One scope's lease (the whole output, or one partition's ranges) in ``folder``.
+    """One scope's lease (the whole output, or one shard's ranges) in ``folder``.
 
     :param timeout_s: this writer's lease_timeout, recorded with the lease it takes: seconds without
         its heartbeat after which another writer may take over. A lease held by another writer is

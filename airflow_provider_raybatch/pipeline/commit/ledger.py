@@ -13,12 +13,12 @@ Layout of an output folder (layout version 2)::
     _raybatch/schemas/output.json    the output's schema, recorded by the first range committed
     _raybatch/schemas/rejects.json   the rejects' schema, recorded by the first range with rejects
     _raybatch/tmp/                   files being written, published by a rename when complete
-                                     (a partition's writer has its own subfolder)
+                                     (a shard's writer has its own subfolder)
     _raybatch/lease/                 the writer lease of the whole output (see :mod:`.lease`)
-    _raybatch/leases/<partition>/    the writer lease of one partition's ranges
-    _raybatch/jobs/<submission id>.json  result of a Ray Job: a run's summary, or the planned partitions
-    _raybatch/partitions.json        how many partitions the last mapped run's planning cut the plan
-                                     into (for status: each partition's ranges follow from the plan)
+    _raybatch/leases/<shard>/        the writer lease of one shard's ranges
+    _raybatch/jobs/<submission id>.json  result of a Ray Job: a run's summary, or the planned shards
+    _raybatch/partitions.json        how many shards the last mapped run's planning cut the plan
+                                     into (for status: each shard's ranges follow from the plan)
 
 A range is committed by (1) writing its files under ``_raybatch/tmp/`` (on the Ray workers that
 computed its rows), (2) moving them to their final names (:meth:`OutputLedger.publish`), (3)
@@ -66,11 +66,11 @@ log = logging.getLogger(__name__)
 
 META_DIR = "_raybatch"
 LEASE_DIR = "lease"
-PARTITION_LEASES_DIR = "leases"
+SHARD_LEASES_DIR = "leases"
 
 
-def partition_key(range_ids: list[str]) -> str:
-    """The name of a partition's lease folder, segments' scope and temporary folder."""
+def shard_key(range_ids: list[str]) -> str:
+    """The name of a shard's lease folder, segments' scope and temporary folder."""
     return hashlib.sha256("\n".join(range_ids).encode()).hexdigest()[:16]
 
 
@@ -81,8 +81,9 @@ class OutputLedger(CommitLog):
     def __init__(self, fs: AbstractFileSystem, root: str, display_path: str):
         super().__init__(fs, root, display_path, f"{root}/{META_DIR}")
         self.plan_path = f"{self.meta}/plan.json"
-        self.partitions_path = f"{self.meta}/partitions.json"
-        #: This writer's temporary folder: a partition's writer is given its own (:meth:`tmp_folder`).
+        # Named before shards were told apart from a table's partitions: outputs written then still resume.
+        self.shards_path = f"{self.meta}/partitions.json"
+        #: This writer's temporary folder: a shard's writer is given its own (:meth:`tmp_folder`).
         self.tmp_dir = self.tmp_folder()
         self.schemas_dir = f"{self.meta}/schemas"
         self.rejects_dir = f"{root}/{REJECTS_DIR}"
@@ -94,13 +95,13 @@ class OutputLedger(CommitLog):
         return cls(fs, path, output_path)
 
     def lease_folder(self, range_ids: list[str] | None = None) -> str:
-        """Where the lease of the whole output (None) or of one partition's ranges lives."""
+        """Where the lease of the whole output (None) or of one shard's ranges lives."""
         if range_ids is None:
             return f"{self.meta}/{LEASE_DIR}"
-        return f"{self.meta}/{PARTITION_LEASES_DIR}/{partition_key(range_ids)}"
+        return f"{self.meta}/{SHARD_LEASES_DIR}/{shard_key(range_ids)}"
 
-    def partition_lease_folders(self) -> list[str]:
-        return ls(self.fs, f"{self.meta}/{PARTITION_LEASES_DIR}")
+    def shard_lease_folders(self) -> list[str]:
+        return ls(self.fs, f"{self.meta}/{SHARD_LEASES_DIR}")
 
     def data_file(self, range_id: str) -> str:
         return f"{self.root}/part-{range_id}.parquet"
@@ -109,13 +110,13 @@ class OutputLedger(CommitLog):
         return f"{self.rejects_dir}/part-{range_id}.parquet"
 
     def tmp_folder(self, range_ids: list[str] | None = None) -> str:
-        """Where the writer of the whole output (None) or of one partition's ranges writes its files."""
+        """Where the writer of the whole output (None) or of one shard's ranges writes its files."""
         if range_ids is None:
             return f"{self.meta}/tmp"
         return f"{self.meta}/tmp/{posixpath.basename(self.lease_folder(range_ids))}"
 
     def set_scope(self, range_ids: list[str] | None) -> None:
-        """Make this the writer of the whole output (None) or of one partition's ranges: its
+        """Make this the writer of the whole output (None) or of one shard's ranges: its
         temporary folder and the scope in its segments' names."""
         self.tmp_dir = self.tmp_folder(range_ids)
         self.scope = OUTPUT_SCOPE if range_ids is None else posixpath.basename(self.lease_folder(range_ids))
@@ -136,15 +137,15 @@ class OutputLedger(CommitLog):
         self.plan_id = plan.plan_id()
         return plan
 
-    def write_partitions(self, count: int) -> None:
-        """Record that a mapped run's planning cut the plan into ``count`` partitions."""
+    def write_shards(self, count: int) -> None:
+        """Record that a mapped run's planning cut the plan into ``count`` shards."""
         self.fence()
-        write_json(self.fs, self.partitions_path, {"plan_id": self.plan_id, "count": count})
+        write_json(self.fs, self.shards_path, {"plan_id": self.plan_id, "count": count})
 
-    def load_partitions(self) -> int | None:
-        """The partition count recorded for the current plan; None without one (or for another plan)."""
+    def load_shards(self) -> int | None:
+        """The shard count recorded for the current plan; None without one (or for another plan)."""
         try:
-            data = read_json(self.fs, self.partitions_path)
+            data = read_json(self.fs, self.shards_path)
         except FileNotFoundError:
             return None
         return int(data["count"]) if data.get("plan_id") == self.plan_id else None
@@ -182,7 +183,7 @@ class OutputLedger(CommitLog):
     def record_schema(self, kind: str, schema: pa.Schema) -> pa.Schema:
         """Record ``schema`` for ``kind`` unless one is recorded already; return the one recorded.
 
-        Created if absent: of partitions racing to record it (each holds only its own lease), one
+        Created if absent: of shards racing to record it (each holds only its own lease), one
         wins and the others are checked against the winner's.
         """
         self.fence()
@@ -272,8 +273,8 @@ class OutputLedger(CommitLog):
         (:meth:`.plan_record.PlanRecord.plan_id`: a writer that raced an overwrite). Then the data and rejects files of ranges without a record
         are deleted, and this writer's temporary folder with them.
 
-        With ``range_ids`` (one partition of a mapped run), only files of those ranges: other
-        partitions' tasks may be writing theirs at the same time.
+        With ``range_ids`` (one shard of a mapped run), only files of those ranges: other
+        shards' tasks may be writing theirs at the same time.
 
         :returns: the records that stand, and the paths deleted.
         """
@@ -309,7 +310,7 @@ class OutputLedger(CommitLog):
             # part-<id>.parquet and part-<id>.<n>.parquet both start with "part-<id>.".
             prefixes = tuple(f"part-{range_id}." for range_id in range_ids)
             stale = [p for p in stale if posixpath.basename(p).startswith(prefixes)]
-        if ls(self.fs, self.tmp_dir):  # this writer's own: a partition's writer leaves the others' alone
+        if ls(self.fs, self.tmp_dir):  # this writer's own: a shard's writer leaves the others' alone
             stale.append(self.tmp_dir)
         if stale:
             self.fence()
@@ -345,7 +346,7 @@ class OutputLedger(CommitLog):
         if REJECTS_DIR in entries:
             doomed.append(self.rejects_dir)
         if META_DIR in entries:
-            leases = (LEASE_DIR, PARTITION_LEASES_DIR)
+            leases = (LEASE_DIR, SHARD_LEASES_DIR)
             doomed += [p for p in ls(self.fs, self.meta) if posixpath.basename(p.rstrip("/")) not in leases]
         for path in doomed:
             retry_transient(lambda path=path: _remove(self.fs, path), f"removing {path}")

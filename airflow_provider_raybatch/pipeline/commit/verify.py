@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
-from airflow_provider_raybatch.pipeline.commit.ledger import PARTITION_LEASES_DIR, OutputLedger
+from airflow_provider_raybatch.pipeline.commit.ledger import SHARD_LEASES_DIR, OutputLedger
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S, ROW_ID_COLUMN
 
 #: Faults listed per kind before the rest are counted.
@@ -111,17 +111,17 @@ def verify_output(
 def stray_temporary_files(ledger: OutputLedger) -> list[str]:
     """The files under ``_raybatch/tmp/`` (relative to the output) whose writer's lease is not live.
 
-    The whole output's writer writes there, a mapped partition's writer in its own subfolder
+    The whole output's writer writes there, a mapped shard's writer in its own subfolder
     (named as its lease folder): each folder's files are strays unless that lease is live.
     """
     fs, tmp = ledger.fs, ledger.tmp_folder()
     strays = []
-    live: dict[str | None, bool] = {}  # by scope: None for the whole output's writer, else a partition's key
+    live: dict[str | None, bool] = {}  # by scope: None for the whole output's writer, else a shard's key
     for path in sorted(fs.find(tmp)):
         relpath = posixpath.relpath(path, tmp)
         scope = relpath.split("/", 1)[0] if "/" in relpath else None
         if scope not in live:
-            folder = ledger.lease_folder() if scope is None else f"{ledger.meta}/{PARTITION_LEASES_DIR}/{scope}"
+            folder = ledger.lease_folder() if scope is None else f"{ledger.meta}/{SHARD_LEASES_DIR}/{scope}"
             # A reader's Lease: it only reads the newest generation, never takes it (its timeout is unused).
             record = Lease(fs, folder, ledger.display_path, LeaseHolder(), DEFAULT_LEASE_TIMEOUT_S).current()
             live[scope] = record is not None and record.is_live(time.time())

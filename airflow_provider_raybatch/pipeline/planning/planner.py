@@ -44,7 +44,7 @@ class Plan:
 
     @property
     def total_rows(self) -> int:
-        """Rows in the planned ranges (all input rows, unless limited or restricted to a partition)."""
+        """Rows in the planned ranges (all input rows, unless limited or restricted to a shard)."""
         return sum(r.rows for r in self.ranges)
 
     @property
@@ -92,7 +92,7 @@ def _cut(row_groups: tuple[int, ...], rows_per_range: int) -> list[tuple[int, in
 
 def contiguous_groups(ranges: list[RowRange], count: int) -> list[list[RowRange]]:
     """``ranges`` cut into ``min(count, len(ranges))`` contiguous groups, as equal in size as possible:
-    a mapped run's partitions (the same ranges and count always give the same groups)."""
+    a mapped run's shards (the same ranges and count always give the same groups)."""
     count = min(count, len(ranges))
     return [ranges[i * len(ranges) // count : (i + 1) * len(ranges) // count] for i in range(count)]
 
@@ -204,14 +204,14 @@ def limit_rows(plan: Plan, max_rows: int | None) -> Plan:
 
 
 def select_ranges(plan: Plan, range_ids: list[str] | None) -> Plan:
-    """The plan restricted to ``range_ids`` (a partition of a mapped run), in plan order."""
+    """The plan restricted to ``range_ids`` (a shard of a mapped run), in plan order."""
     if range_ids is None:
         return plan
     wanted = set(range_ids)
     unknown = wanted - {r.id for r in plan.ranges}
     if unknown:
         raise InputError(
-            f"{len(unknown)} range id(s) of the partition are not in the input's plan (e.g. {sorted(unknown)[0]}): "
-            "the partitions were planned on other input or settings; rerun the planning task"
+            f"{len(unknown)} range id(s) of the shard are not in the input's plan (e.g. {sorted(unknown)[0]}): "
+            "the shards were planned on other input or settings; rerun the planning task"
         )
     return Plan(plan.files, [r for r in plan.ranges if r.id in wanted], plan.schema)

@@ -13,14 +13,14 @@ from airflow_provider_raybatch.pipeline.status.output_status import (
 from airflow_provider_raybatch.pipeline.status.reading import read_output, read_output_rejects, verify
 from airflow_provider_raybatch.pipeline.status.rejects import RejectsSample, read_rejects, sample_rejects
 from airflow_provider_raybatch.pipeline.status.timeline import TimelinePoint
-from airflow_provider_raybatch.pipeline.status.writers import LeaseStatus, PartitionStatus
+from airflow_provider_raybatch.pipeline.status.writers import LeaseStatus, ShardStatus
 
 __all__ = [
     "FileProgress",
     "LeaseStatus",
     "OutputNotFoundError",
     "OutputStatus",
-    "PartitionStatus",
+    "ShardStatus",
     "RejectsSample",
     "TimelinePoint",
     "read_output",

@@ -10,8 +10,8 @@ A table output (:func:`read_table_status`) is read per writer: each writer that 
 the partition has a generation being written, a Parquet output of its own under the table
 (:mod:`.tables.staging`), whose status is read as above, with the writer's leases.
 
-What the ledger does not hold is not guessed: a mapped partition's planned ranges are known only
-to the planning task (its XCom), so a partition's progress counts what it committed, not what is
+What the ledger does not hold is not guessed: a mapped shard's planned ranges are known only
+to the planning task (its XCom), so a shard's progress counts what it committed, not what is
 left of it.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE
 from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
-from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger, partition_key
+from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger, shard_key
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import OutputNotFoundError
 from airflow_provider_raybatch.pipeline.planning.planner import contiguous_groups, recorded_ranges
@@ -36,9 +36,9 @@ from airflow_provider_raybatch.pipeline.status.timeline import (
 )
 from airflow_provider_raybatch.pipeline.status.writers import (
     LeaseStatus,
-    PartitionStatus,
+    ShardStatus,
     lease_status,
-    partition_writers,
+    shard_writers,
 )
 from airflow_provider_raybatch.pipeline.store.files import resolve
 from airflow_provider_raybatch.pipeline.summary import token_totals
@@ -75,7 +75,7 @@ class OutputStatus:
         the current writer's time, while running), None without commits to measure.
     :param eta_s: seconds left at that rate, while running.
     :param lease: the whole output's lease (None: never taken).
-    :param partitions: the mapped partitions' writers, by lease key.
+    :param shards: the mapped shards' writers, by lease key.
     :param timeline: cumulative figures per commit time, oldest first (thinned to :data:`TIMELINE_POINTS`).
     :param writer: a table output's writer folder (else None); ``generation`` the generation read.
     :param table_commits: a table output's table commits decided (each adds its ranges to the table).
@@ -105,7 +105,7 @@ class OutputStatus:
     rate_rows_per_s: float | None
     eta_s: float | None
     lease: LeaseStatus | None
-    partitions: list[PartitionStatus]
+    shards: list[ShardStatus]
     timeline: list[TimelinePoint]
     read_at: float
     read_s: float
@@ -235,10 +235,10 @@ def _read(
     rows_planned = sum(r.rows for r in ranges)
 
     lease = lease_status(lease_owner, lease_owner.lease_folder(), OUTPUT_SCOPE, lease_timeout_s, now)
-    count = ledger.load_partitions()
-    planned = {} if count is None else {partition_key([r.id for r in g]): g for g in contiguous_groups(ranges, count)}
-    partitions = partition_writers(lease_owner, mine, ledger.last_scopes, planned, lease_timeout_s, now)
-    live = [s for s in [lease, *(p.lease for p in partitions)] if s is not None and s.live]
+    count = ledger.load_shards()
+    planned = {} if count is None else {shard_key([r.id for r in g]): g for g in contiguous_groups(ranges, count)}
+    shards = shard_writers(lease_owner, mine, ledger.last_scopes, planned, lease_timeout_s, now)
+    live = [s for s in [lease, *(p.lease for p in shards)] if s is not None and s.live]
 
     timeline = cumulative(mine)
     done = len(mine) == len(ranges)
@@ -268,7 +268,7 @@ def _read(
         rate_rows_per_s=None if rate is None else round(rate, 1),
         eta_s=None if eta is None else round(eta, 1),
         lease=lease,
-        partitions=partitions,
+        shards=shards,
         timeline=thin(timeline, TIMELINE_POINTS),
         read_at=now,
         read_s=round(time.perf_counter() - started, 4),

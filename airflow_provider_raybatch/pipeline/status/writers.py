@@ -1,4 +1,4 @@
-"""Who writes an output: its lease's holder, and its mapped partitions' writers, as
+"""Who writes an output: its lease's holder, and its mapped shards' writers, as
 :class:`.output_status.OutputStatus` shows them (read from the leases' newest generations)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from airflow_provider_raybatch.pipeline.planning.planner import RowRange
 class LeaseStatus:
     """The newest generation of one lease: who holds (or last held) it, and whether it still counts.
 
-    :param scope: ``"output"`` for the whole output's lease, else the mapped partition's lease key.
+    :param scope: ``"output"`` for the whole output's lease, else the mapped shard's lease key.
     :param holder: who, in words (:meth:`.lease.LeaseHolder.describe`).
     :param dag_id: the Airflow task instance that holds it, when the writer is a task (from its run key
         ``dag/run/task/map_index``); likewise ``run_id``, ``task_id``, ``map_index``.
@@ -49,13 +49,13 @@ class LeaseStatus:
 
 
 @dataclass(frozen=True)
-class PartitionStatus:
-    """A mapped partition's writer: its lease and the ranges it committed (as its segments hold them;
+class ShardStatus:
+    """A mapped shard's writer: its lease and the ranges it committed (as its segments hold them;
     once a whole-output run folds them into the manifest they are no longer told apart).
 
     :param index: its map index, and ``ranges_planned`` / ``rows_planned`` its share of the plan,
-        when the planning task recorded how many partitions it planned (``_raybatch/partitions.json``);
-        None for a writer of another plan. A planned partition is listed before its task starts.
+        when the planning task recorded how many shards it planned (``_raybatch/partitions.json``);
+        None for a writer of another plan. A planned shard is listed before its task starts.
     """
 
     key: str
@@ -104,15 +104,15 @@ def lease_status(owner: OutputLedger, folder: str, scope: str, timeout_s: float,
     )
 
 
-def partition_writers(
+def shard_writers(
     owner: OutputLedger,
     committed: dict[str, CommitRecord],
     scopes: dict[str, str],
     planned: dict[str, list[RowRange]],
     timeout_s: float,
     now: float,
-) -> list[PartitionStatus]:
-    """The mapped partitions' writers: those planned (by key, in plan order), with a lease, or whose
+) -> list[ShardStatus]:
+    """The mapped shards' writers: those planned (by key, in plan order), with a lease, or whose
     segments hold records."""
     counts: dict[str, list[int]] = {}
     for range_id, scope in scopes.items():
@@ -121,11 +121,11 @@ def partition_writers(
             count = counts.setdefault(scope, [0, 0])
             count[0] += 1
             count[1] += record.input_rows
-    folders = {posixpath.basename(f.rstrip("/")): f.rstrip("/") for f in owner.partition_lease_folders()}
+    folders = {posixpath.basename(f.rstrip("/")): f.rstrip("/") for f in owner.shard_lease_folders()}
     index = {key: i for i, key in enumerate(planned)}
     keys = sorted(folders.keys() | counts.keys() | planned.keys(), key=lambda k: (index.get(k, len(index)), k))
     return [
-        PartitionStatus(
+        ShardStatus(
             key=key,
             lease=lease_status(owner, folders[key], key, timeout_s, now) if key in folders else None,
             ranges_committed=counts.get(key, [0, 0])[0],

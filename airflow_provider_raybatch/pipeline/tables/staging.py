@@ -4,7 +4,7 @@ Layout under the table's root (Delta) or location (Iceberg), per partition and w
 
     <column>=<value>/<writer key>/_raybatch/lease/          the lease of every run of this writer on
                                                              this partition: one at a time, fenced
-    <column>=<value>/<writer key>/_raybatch/leases/<key>/   the lease of one mapped partition's task
+    <column>=<value>/<writer key>/_raybatch/leases/<key>/   the lease of one mapped shard's task
                                                              (its ranges), as for a folder output
     <column>=<value>/<writer key>/_raybatch/generation.json  the generation being written
     <column>=<value>/<writer key>/g<N>/                      generation N: a Parquet output of its own
@@ -26,8 +26,8 @@ they are (the table's history still names them, for time travel; the table's own
 VACUUM or orphan-file removal, deletes them once it may). The folders starting with ``_`` are
 hidden from both formats' maintenance and readers.
 
-A mapped run (``plan_partitions``) is one writer, its planning task's: that task chooses the
-generation under the writer's lease and records its plan; each partition's task then takes the
+A mapped run (``plan_shards``) is one writer, its planning task's: that task chooses the
+generation under the writer's lease and records its plan; each shard's task then takes the
 lease of its ranges (the writer's lease and those exclude each other, as for a folder output)
 and writes into that generation, which it checks is still the current one.
 """
@@ -183,19 +183,19 @@ def open_generation(
 
 
 def planned_generation(fs: AbstractFileSystem, root: str, table: TableOutput) -> Generation:
-    """The generation a mapped partition's task writes: the one its planning task chose
+    """The generation a mapped shard's task writes: the one its planning task chose
     (``table.generation``), which must still be the writer's current one.
 
-    :raises ConfigError: it is not (the planning task ran again since: its partitions are another
+    :raises ConfigError: it is not (the planning task ran again since: its shards are another
         generation's), or nothing was planned.
     """
     current = _current(fs, _record_path(root, table))
     if current is None or current["number"] != table.generation:
         found = "none" if current is None else f"generation {current['number']}"
         raise ConfigError(
-            f"this partition of table {root}, partition {table.partition}, writer {table.writer!r} was planned "
+            f"this shard of table {root}, partition {table.partition}, writer {table.writer!r} was planned "
             f"for generation {table.generation}, and the writer's current one is {found}: the planning task "
-            "ran again since (or never ran); rerun the planning task, then its partitions' tasks"
+            "ran again since (or never ran); rerun the planning task, then its shards' tasks"
         )
     return _generation(table, current)
 

@@ -145,7 +145,7 @@ class TableCommits:
         missing = [] if plan is None else [r for r in plan.range_ids() if r not in records]
         if missing:
             log.info(
-                "%d range(s) of other partitions of %s are not committed yet: the partition's task that "
+                "%d range(s) of other shards of %s are not committed yet: the shard's task that "
                 "finishes last replaces the table partition with all of them",
                 len(missing),
                 self.generation.writer_id,

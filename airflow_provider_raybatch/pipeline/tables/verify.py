@@ -1,4 +1,4 @@
-"""Check a table output's partition: ``python -m airflow_provider_raybatch verify <root> --format delta --partition ds=...``.
+"""Check a table output's partition: ``python -m airflow_provider_raybatch verify <root> --format delta --table-partition ds=...``.
 
 What a reader of the partition relies on, beyond what :func:`.commit.verify.verify_output`
 checks of each writer's staging output (every planned range committed once, files as recorded,

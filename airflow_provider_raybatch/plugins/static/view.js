@@ -131,14 +131,14 @@
       `</div>` +
       bar(o.fraction_done, rejectedFraction, `${pct(o.fraction_done)} · ${num(o.rows_done)} of ${num(o.rows_planned)} rows`, false, "rows-bar") +
       `<div style="margin-top:4px">${rangeStrip(o.committed_mask)}</div>`;
-    if (o.partition) {
-      const p = o.partition, of = (planned) => (planned === null || planned === undefined ? "" : ` of ${num(planned)}`);
-      html += `<p>This task instance's partition: ${num(p.ranges_committed)}${of(p.ranges_planned)} ranges, ${num(p.rows_committed)}${of(p.rows_planned)} rows committed.</p>`;
-      if (p.rows_planned) html += bar(p.rows_committed / p.rows_planned, 0, `${pct(p.rows_committed / p.rows_planned)} of this partition`, true);
+    if (o.shard) {
+      const p = o.shard, of = (planned) => (planned === null || planned === undefined ? "" : ` of ${num(planned)}`);
+      html += `<p>This task instance's shard: ${num(p.ranges_committed)}${of(p.ranges_planned)} ranges, ${num(p.rows_committed)}${of(p.rows_planned)} rows committed.</p>`;
+      if (p.rows_planned) html += bar(p.rows_committed / p.rows_planned, 0, `${pct(p.rows_committed / p.rows_planned)} of this shard`, true);
     }
     html += `<h2>Rows committed over time</h2>${chart(o.timeline, o.rows_planned)}`;
     html += `<h2>Writer</h2>` + (leaseCard(o.lease, "lease") || `<p class="muted">No lease taken.</p>`) +
-      (o.partitions || []).map((p) => leaseCard(p.lease, `partition ${p.key}`)).join("");
+      (o.shards || []).map((p) => leaseCard(p.lease, `shard ${p.key}`)).join("");
     if (o.state === "done") {
       const took = o.first_commit_at && o.last_commit_at ? o.last_commit_at - o.first_commit_at : null;
       html += `<h2>Summary</h2><div class="cards" id="summary"><div class="card"><b>${num(o.rows_planned)}</b>rows in</div>` +
@@ -184,12 +184,12 @@
 
   function lineRow(line) {
     const t = line.task, state = lineState(line);
-    // A mapped task instance's bar is its own partition's, where the planning task recorded it.
-    const own = line.partition && line.partition.rows_planned ? line.partition : null;
+    // A mapped task instance's bar is its own shard's, where the planning task recorded it.
+    const own = line.shard && line.shard.rows_planned ? line.shard : null;
     const fraction = own ? own.rows_committed / own.rows_planned : line.fraction_done || 0;
     const label = own ? `${pct(fraction)} · ${num(own.rows_committed)}/${num(own.rows_planned)}`
       : line.found ? `${pct(line.fraction_done)} · ${num(line.rows_done)}/${num(line.rows_planned)}` : state === "none" ? "never run" : esc(t.state || "");
-    const part = line.partition ? `${num(line.partition.rows_committed)} rows in ${num(line.partition.ranges_committed)} ranges` : "";
+    const part = line.shard ? `${num(line.shard.rows_committed)} rows in ${num(line.shard.ranges_committed)} ranges` : "";
     return `<tr><td><a href="${esc(tiPath(t))}">${esc(t.task_id)}${t.map_index >= 0 ? ` [${t.map_index}]` : ""}</a></td><td>${badge(state)}</td>` +
       `<td style="width:40%">${bar(fraction, 0, label, true)}</td><td>${esc(part)}</td>` +
       `<td>${line.rate_rows_per_s ? num(Math.round(line.rate_rows_per_s)) + " rows/s" : ""}${line.eta_s ? ", " + dur(line.eta_s) + " left" : ""}</td></tr>`;
@@ -199,7 +199,7 @@
     let data;
     try { data = await getJSON(`/api/run/${enc(CFG.dag_id)}/${enc(CFG.run_id)}`); } catch (e) { root.innerHTML = `<p class="fault">${esc(e.message)}</p>`; return false; }
     root.innerHTML = `<h1>${esc(CFG.dag_id)} · ${esc(CFG.run_id)}</h1>` +
-      (data.lines.length ? `<table id="lines"><tr><th>task</th><th>state</th><th>progress</th><th>partition</th><th>rate</th></tr>${data.lines.map(lineRow).join("")}</table>`
+      (data.lines.length ? `<table id="lines"><tr><th>task</th><th>state</th><th>progress</th><th>shard</th><th>rate</th></tr>${data.lines.map(lineRow).join("")}</table>`
         : `<p class="muted">No inference task of this provider in this DAG run.</p>`) +
       `<p><a href="${esc(`${CFG.base}/dag/${enc(CFG.dag_id)}`)}">All runs of ${esc(CFG.dag_id)}</a></p>`;
     return data.lines.some((l) => ["running"].includes(lineState(l)));

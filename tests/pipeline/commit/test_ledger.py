@@ -114,7 +114,7 @@ def test_a_layout_1_output_is_read_record_by_record_and_keeps_that_layout_until_
     assert opened == 2 and sorted(committed) == ["a", "b", "c", "d"]  # the manifest and one segment
 
 
-def test_partitions_write_their_own_segments_side_by_side_and_the_whole_output_writer_folds_them(tmp_path):
+def test_shards_write_their_own_segments_side_by_side_and_the_whole_output_writer_folds_them(tmp_path):
     writers = []
     for part in (["p0-a", "p0-b", "p0-c"], ["p1-a", "p1-b", "p1-c"]):
         writer = OutputLedger.open(str(tmp_path / "out"))
@@ -124,14 +124,14 @@ def test_partitions_write_their_own_segments_side_by_side_and_the_whole_output_w
         for writer, part in writers:
             commit_empty_ranges(writer, [part[step]], per_segment=1)
     for writer, _ in writers:
-        writer.finish()  # a partition merges only its own segments
+        writer.finish()  # a shard merges only its own segments
     segments = sorted(p.name.split(".")[0] for p in (tmp_path / "out" / "_raybatch" / "segments").iterdir())
     assert segments == sorted(w.scope for w, _ in writers) and segments[0] != segments[1]
     assert not (tmp_path / "out" / "_raybatch" / "manifest.json").exists()
     opened, committed = opened_by_a_resume(tmp_path)
     assert opened == 2 and len(committed) == 6
 
-    # A killed try of the first partition leaves segments; its retry folds them with its own.
+    # A killed try of the first shard leaves segments; its retry folds them with its own.
     killed, retry = OutputLedger.open(str(tmp_path / "out")), OutputLedger.open(str(tmp_path / "out"))
     for writer in (killed, retry):
         writer.set_scope(writers[0][1])

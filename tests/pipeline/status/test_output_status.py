@@ -1,6 +1,6 @@
 """An output's status read from its bookkeeping: after a run killed part-way (partial, its holder
 gone), while a writer holds the lease (running), after the resumed run (done, as its summary
-says), for a mapped partition, and for a Delta table's date."""
+says), for a mapped shard, and for a Delta table's date."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
-from airflow_provider_raybatch.pipeline.partitions import plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.shards import plan_shards
 from airflow_provider_raybatch.pipeline.status import (
     OutputNotFoundError,
     TimelinePoint,
@@ -105,30 +105,32 @@ def test_a_held_lease_reads_running_with_its_task_instance_until_its_heartbeat_i
         lease.release()
 
 
-def test_a_mapped_partition_is_read_with_its_lease_and_its_commits(tmp_path):
+def test_a_mapped_shard_is_read_with_its_lease_and_its_commits(tmp_path):
     write_input(tmp_path / "in", [400])
     cfg = config(tmp_path)
-    partitions = plan_partitions(cfg, 2)
-    run_batch_inference(dataclasses.replace(cfg, range_ids=partitions[0].range_ids))
+    shards = plan_shards(cfg, 2)
+    run_batch_inference(dataclasses.replace(cfg, range_ids=shards[0].range_ids))
 
     status = read_status(cfg.output_path)
-    assert status.state == "partial" and status.ranges_committed == len(partitions[0].range_ids)
+    assert status.state == "partial" and status.ranges_committed == len(shards[0].range_ids)
     assert status.lease is not None and status.lease.released  # the planning task's
-    # Both planned partitions are listed, in map order, the second before its task ever started.
-    first, second = status.partitions
+    # Both planned shards are listed, in map order, the second before its task ever started.
+    first, second = status.shards
     assert (first.index, first.ranges_planned, first.rows_planned) == (
         0,
-        len(partitions[0].range_ids),
-        partitions[0].rows,
+        len(shards[0].range_ids),
+        shards[0].rows,
     )
-    assert first.ranges_committed == len(partitions[0].range_ids) and first.rows_committed == partitions[0].rows
+    assert first.ranges_committed == len(shards[0].range_ids) and first.rows_committed == shards[0].rows
     assert first.lease is not None and first.lease.released and first.lease.scope == first.key
     assert (second.index, second.ranges_planned, second.rows_planned) == (
         1,
-        len(partitions[1].range_ids),
-        partitions[1].rows,
+        len(shards[1].range_ids),
+        shards[1].rows,
     )
     assert (second.ranges_committed, second.lease) == (0, None)
+    # The document `raybatch status --json` prints names them shards.
+    assert [s["index"] for s in status.to_dict()["shards"]] == [0, 1]
 
 
 def test_a_delta_tables_date_is_read_per_writer_from_its_current_generation(tmp_path):

@@ -294,7 +294,7 @@ def test_the_verifier_finds_rows_another_writer_added_to_the_partition(tmp_path,
     cfg = table_config(tmp_path, fmt, keep_columns=["group"])
     run_batch_inference(cfg)
     command = [sys.executable, "-m", "airflow_provider_raybatch", "verify", cfg.output_path, "--format", fmt]
-    command += ["--partition", f"ds={DS}"]
+    command += ["--table-partition", f"ds={DS}"]
     if fmt == "iceberg":
         command += ["--table", IDENTIFIER, *(f"--catalog={k}={v}" for k, v in cfg.table.catalog.items())]
     ok = subprocess.run(command, capture_output=True, text=True)
@@ -355,16 +355,16 @@ def test_a_run_with_a_new_column_is_refused_unless_it_may_add_it_and_then_older_
         run_batch_inference(table_config(tmp_path, fmt, THIRD_DS, keep_columns=["group"], run_key="run-3"))
 
 
-def test_mapped_partitions_of_a_date_commit_into_one_table(tmp_path, fmt):
-    """A mapped run writes one table partition from several tasks: the planning task chooses the
-    generation; its partitions' tasks, at once in processes of their own, share its commits (each
+def test_mapped_shards_of_a_date_commit_into_one_table(tmp_path, fmt):
+    """A mapped run writes one table partition from several shards' tasks: the planning task chooses the
+    generation; its shards' tasks, at once in processes of their own, share its commits (each
     range in one commit, every row once); an overwrite replaces the date in one commit, made by
-    the task that finishes last; a partition planned for an older generation is refused."""
-    from airflow_provider_raybatch.pipeline.partitions import plan_partitions
+    the task that finishes last; a shard planned for an older generation is refused."""
+    from airflow_provider_raybatch.pipeline.shards import plan_shards
 
     write_input(tmp_path / "in", [300, 300])
     cfg = table_config(tmp_path, fmt, keep_columns=["group"], run_key="daily/run-1/plan/-1")
-    parts = plan_partitions(cfg, 3)
+    parts = plan_shards(cfg, 3)
     assert [p.generation for p in parts] == [0, 0, 0] and {p.writer for p in parts} == {cfg.table.writer}
 
     def spec(part, commit_interval):
@@ -394,10 +394,10 @@ def test_mapped_partitions_of_a_date_commit_into_one_table(tmp_path, fmt):
     assert verify_table(OutputRef.of(cfg)) == []
     assert_exactly_once(read_table(tmp_path, fmt), range(600))
 
-    # Another run overwrites the date on new input: until its last partition's task ends, readers see the old rows.
+    # Another run overwrites the date on new input: until its last shard's task ends, readers see the old rows.
     write_input(tmp_path / "in", [200, 200])
     rerun = dataclasses.replace(cfg, mode="overwrite", run_key="daily/run-2/plan/-1")
-    new_parts = plan_partitions(rerun, 3)
+    new_parts = plan_shards(rerun, 3)
     assert {p.generation for p in new_parts} == {1}
     for n, part in enumerate(new_parts):
         table = dataclasses.replace(rerun.table, generation=part.generation)

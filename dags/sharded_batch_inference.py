@@ -1,9 +1,9 @@
-"""The daily digits job as mapped tasks: one task instance per partition of the day's ranges.
+"""The daily digits job as mapped tasks: one task instance per shard of the day's ranges.
 
 ``plan_ranges`` checks the settings and input, records the output's plan and returns up to
-``partitions`` groups of ranges; ``predict_partition`` is mapped over them, so each group is
+``shards`` groups of ranges; ``predict_shard`` is mapped over them, so each group is
 its own task instance with its own retries and its own square in the grid; ``publish``
-updates the Asset once, with the partitions' summaries added up. Together the mapped tasks
+updates the Asset once, with the shards' summaries added up. Together the mapped tasks
 write exactly what one ``predict_digits`` task of daily_batch_inference writes.
 """
 
@@ -18,14 +18,14 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
-#: Published once per run by ``publish``, after every partition; its extra is the combined summary.
-PREDICTIONS = Asset(name="partitioned_digits_predictions", uri="x-raybatch://partitioned_batch_inference/predictions")
+#: Published once per run by ``publish``, after every shard; its extra is the combined summary.
+PREDICTIONS = Asset(name="sharded_digits_predictions", uri="x-raybatch://sharded_batch_inference/predictions")
 #: An absolute local path or an s3:// prefix: a relative path would depend on the worker's folder.
 PATH_PATTERN = r"^(/|s3://[^/{}]+)[^{}]*$"
 
 with DAG(
-    dag_id="partitioned_batch_inference",
-    description="Score each day's digits with one mapped task per partition of the input",
+    dag_id="sharded_batch_inference",
+    description="Score each day's digits with one mapped task per shard of the input",
     doc_md=__doc__,
     schedule="@daily",
     start_date=datetime(2026, 11, 1),
@@ -41,7 +41,7 @@ with DAG(
             DEFAULT_ROOT,
             type="string",
             pattern=PATH_PATTERN,
-            description="Absolute folder or s3:// prefix holding model/, input/<ds>/ and output-partitioned/<ds>/",
+            description="Absolute folder or s3:// prefix holding model/, input/<ds>/ and output-sharded/<ds>/",
         ),
     },
     tags=["raybatch", "example"],
@@ -49,7 +49,7 @@ with DAG(
     # The planning task and the mapped tasks take the same arguments: the plan records them.
     common = {
         "input_path": "{{ params.data_root }}/input/{{ ds }}/",
-        "output_path": "{{ params.data_root }}/output-partitioned/{{ ds }}/",
+        "output_path": "{{ params.data_root }}/output-sharded/{{ ds }}/",
         "predictor": "airflow_provider_raybatch.predictors.torch:TorchPredictor",
         "predictor_kwargs": {
             "model_class": "airflow_provider_raybatch.examples.digits:DigitsMLP",
@@ -62,14 +62,14 @@ with DAG(
         "id_column": "id",
         "rows_per_range": 100,
     }
-    plan = RayBatchInferenceOperator(task_id="plan_ranges", plan_partitions=3, **common)
+    plan = RayBatchInferenceOperator(task_id="plan_ranges", plan_shards=3, **common)
     predict = RayBatchInferenceOperator.partial(
-        task_id="predict_partition",
+        task_id="predict_shard",
         pool=os.environ.get("RAYBATCH_POOL", "raybatch_gpu"),
         max_active_tis_per_dag=2,
-        map_index_template="partition {{ task.partition['index'] }}",
+        map_index_template="shard {{ task.shard['index'] }}",
         **common,
-    ).expand(partition=plan.output)
+    ).expand(shard=plan.output)
 
     @task(outlets=[PREDICTIONS])
     def publish(summaries, outlet_events=None) -> dict:

@@ -1,11 +1,11 @@
-"""Partitions of one output for parallel tasks (Airflow dynamic task mapping).
+"""Shards of one output for parallel tasks (Airflow dynamic task mapping).
 
-:func:`plan_partitions` prepares the output once (records the plan, applies
+:func:`plan_shards` prepares the output once (records the plan, applies
 ``mode="overwrite"``) and cuts its ranges into contiguous groups. Each group is then run by its
-own task with ``BatchInferenceConfig(range_ids=partition.range_ids)``: such a run never writes
+own task with ``BatchInferenceConfig(range_ids=shard.range_ids)``: such a run never writes
 the plan or resets the output, and resumes, cleans up and commits only its own ranges, so
-partitions of one output run side by side safely. Together they write the same files as one run
-over every range: same range ids, same rows, each once. With a table output, the partitions carry
+shards of one output run side by side safely. Together they write the same files as one run
+over every range: same range ids, same rows, each once. With a table output, the shards carry
 the planning task's writer and the generation it chose (:mod:`.tables.staging`), which they write
 together.
 """
@@ -25,15 +25,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Partition:
-    """One group of an output's ranges; JSON as a dict, for XCom and ``.expand(partition=...)``.
+class Shard:
+    """One group of an output's ranges; JSON as a dict, for XCom and ``.expand(shard=...)``.
 
-    :param index: its position among the partitions.
-    :param count: how many partitions there are.
+    :param index: its position among the shards.
+    :param count: how many shards there are.
     :param range_ids: its ranges, in plan order.
     :param rows: rows in its ranges.
     :param writer: a table output's writer (:attr:`.TableOutput.writer`), the planning task's:
-        every partition's task stages its rows in that writer's folder.
+        every shard's task stages its rows in that writer's folder.
     :param generation: a table output's generation that the planning task chose.
     """
 
@@ -48,13 +48,11 @@ class Partition:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Any) -> Partition:
-        """A partition from its dict (a mapped task's ``partition`` argument), checked."""
+    def from_dict(cls, data: Any) -> Shard:
+        """A shard from its dict (a mapped task's ``shard`` argument), checked."""
         range_ids = data.get("range_ids") if isinstance(data, dict) else None
         if not isinstance(range_ids, list) or not range_ids or not all(isinstance(r, str) for r in range_ids):
-            raise ConfigError(
-                f"partition must be one item returned by plan_partitions (a dict with 'range_ids'), got {data!r}"
-            )
+            raise ConfigError(f"shard must be one item returned by plan_shards (a dict with 'range_ids'), got {data!r}")
         return cls(
             index=int(data.get("index", 0)),
             count=int(data.get("count", 1)),
@@ -65,17 +63,17 @@ class Partition:
         )
 
 
-def check_partitions(config: BatchInferenceConfig, partitions: int) -> None:
-    """Raise :class:`ConfigError` unless ``partitions`` and ``config`` can be planned (before
+def check_shards(config: BatchInferenceConfig, shards: int) -> None:
+    """Raise :class:`ConfigError` unless ``shards`` and ``config`` can be planned (before
     anything is read, or a planning job submitted)."""
-    if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
-        raise ConfigError(f"partitions must be an integer >= 1, got {partitions!r}")
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ConfigError(f"shards must be an integer >= 1, got {shards!r}")
     if config.range_ids is not None:
-        raise ConfigError("plan_partitions plans a whole output: range_ids must be None")
+        raise ConfigError("plan_shards plans a whole output: range_ids must be None")
 
 
-def plan_partitions(config: BatchInferenceConfig, partitions: int, *, ray_job: str | None = None) -> list[Partition]:
-    """Prepare ``config``'s output and return up to ``partitions`` groups of its ranges.
+def plan_shards(config: BatchInferenceConfig, shards: int, *, ray_job: str | None = None) -> list[Shard]:
+    """Prepare ``config``'s output and return up to ``shards`` groups of its ranges.
 
     Everything is checked as for a run (settings, predictors, input, output) and no model runs.
     The input's footers are read where this runs: by threads of this process, or, in a Ray
@@ -84,29 +82,29 @@ def plan_partitions(config: BatchInferenceConfig, partitions: int, *, ray_job: s
     the input and settings: a rerun plans the same groups, so each mapped task instance finds
     its own committed ranges again.
 
-    :param config: the run's configuration, as each partition's task will use it (without
+    :param config: the run's configuration, as each shard's task will use it (without
         ``range_ids``).
-    :param partitions: the largest number of groups (fewer when there are fewer ranges).
+    :param shards: the largest number of groups (fewer when there are fewer ranges).
     :param ray_job: the submission id of the Ray Job planning (named in the output's lease).
     """
-    check_partitions(config, partitions)
+    check_shards(config, shards)
     run = prepare(config, ray_job=ray_job)
     ranges = run.plan.ranges
-    groups = contiguous_groups(ranges, partitions)
+    groups = contiguous_groups(ranges, shards)
     count = len(groups)
     try:
-        # Status (the command line, the UI) reads each partition's planned ranges from this count.
-        run.ledger.write_partitions(count)
+        # Status (the command line, the UI) reads each shard's planned ranges from this count.
+        run.ledger.write_shards(count)
     finally:
         run.release()  # planning holds the output's lease only while it records the plan or resets
     writer = None if config.table is None else config.table.writer
     generation = None if run.generation is None else run.generation.number
     result = [
-        Partition(i, count, [r.id for r in group], sum(r.rows for r in group), writer, generation)
+        Shard(i, count, [r.id for r in group], sum(r.rows for r in group), writer, generation)
         for i, group in enumerate(groups)
     ]
     log.info(
-        "Planned %d range(s) of %s into %d partition(s) of %s rows",
+        "Planned %d range(s) of %s into %d shard(s) of %s rows",
         len(ranges),
         config.output_path,
         count,

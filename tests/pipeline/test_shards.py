@@ -1,4 +1,4 @@
-"""Partitions of one output run by separate tasks, smoke runs on the first rows, the armed crash."""
+"""Shards of one output run by separate tasks, smoke runs on the first rows, the armed crash."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError
-from airflow_provider_raybatch.pipeline.partitions import Partition, plan_partitions
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.shards import Shard, plan_shards
 from airflow_provider_raybatch.pipeline.store.files import resolve
 from tests.support.data import assert_exactly_once, assert_output_sound, features_table, read_output, write_input
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, config, kill_leftovers, run_in_subprocess
@@ -24,21 +24,21 @@ def part_files(output: Path) -> list[str]:
     return sorted(p.name for p in output.glob("part-*.parquet"))
 
 
-def test_partitions_together_write_what_one_run_writes(tmp_path):
+def test_shards_together_write_what_one_run_writes(tmp_path):
     write_input(tmp_path / "in", [450, 320])
     whole = run_batch_inference(config(tmp_path, output_path=str(tmp_path / "whole")))
 
     mapped = config(tmp_path, output_path=str(tmp_path / "mapped"))
-    partitions = plan_partitions(mapped, 3)
-    assert [p.index for p in partitions] == [0, 1, 2] and {p.count for p in partitions} == {3}
-    assert sum(p.rows for p in partitions) == 770
-    ids = [i for p in partitions for i in p.range_ids]
-    assert len(ids) == len(set(ids)) == whole.ranges_total  # each range in exactly one partition
-    assert plan_partitions(mapped, 3) == partitions  # deterministic: a rerun maps the same way
+    shards = plan_shards(mapped, 3)
+    assert [p.index for p in shards] == [0, 1, 2] and {p.count for p in shards} == {3}
+    assert sum(p.rows for p in shards) == 770
+    ids = [i for p in shards for i in p.range_ids]
+    assert len(ids) == len(set(ids)) == whole.ranges_total  # each range in exactly one shard
+    assert plan_shards(mapped, 3) == shards  # deterministic: a rerun maps the same way
     assert commit_count(tmp_path / "mapped") == 0  # planning runs nothing
 
-    summaries = [run_batch_inference(dataclasses.replace(mapped, range_ids=p.range_ids)) for p in partitions]
-    assert [s.ranges_total for s in summaries] == [len(p.range_ids) for p in partitions]
+    summaries = [run_batch_inference(dataclasses.replace(mapped, range_ids=p.range_ids)) for p in shards]
+    assert [s.ranges_total for s in summaries] == [len(p.range_ids) for p in shards]
     assert sum(s.rows_out for s in summaries) == 770
 
     assert part_files(tmp_path / "mapped") == part_files(tmp_path / "whole")
@@ -47,23 +47,23 @@ def test_partitions_together_write_what_one_run_writes(tmp_path):
     assert many.equals(one)
 
 
-def test_a_partition_touches_only_its_own_ranges(tmp_path):
+def test_a_shard_touches_only_its_own_ranges(tmp_path):
     write_input(tmp_path / "in", [600])
     cfg = config(tmp_path)
-    first, second = plan_partitions(cfg, 2)
+    first, second = plan_shards(cfg, 2)
     ledger = OutputLedger(*resolve(str(tmp_path / "out")), str(tmp_path / "out"))
-    # Another partition's task is writing a range right now, and left an uncommitted file.
+    # Another shard's task is writing a range right now, and left an uncommitted file.
     ledger.tmp_dir = ledger.tmp_folder(second.range_ids)
     in_flight = Path(ledger.tmp_file("7"))
     in_flight.write_bytes(b"being written")
     ledger.tmp_dir = ledger.tmp_folder(first.range_ids)
     stale_own = Path(ledger.tmp_file("0"))
-    stale_own.write_bytes(b"left by a killed try of this partition")
+    stale_own.write_bytes(b"left by a killed try of this shard")
 
     summary = run_batch_inference(dataclasses.replace(cfg, range_ids=first.range_ids))
     assert summary.ranges_done == 3 and summary.rows_processed == 300
     assert in_flight.exists() and not stale_own.exists()
-    # A retry of the partition resumes; the plan is never rewritten nor the output reset.
+    # A retry of the shard resumes; the plan is never rewritten nor the output reset.
     plan_before = (tmp_path / "out" / "_raybatch" / "plan.json").read_text()
     again = run_batch_inference(dataclasses.replace(cfg, range_ids=first.range_ids, mode="overwrite"))
     assert again.ranges_skipped == 3 and again.ranges_done == 0
@@ -71,33 +71,33 @@ def test_a_partition_touches_only_its_own_ranges(tmp_path):
     assert commit_count(tmp_path / "out") == 3
 
 
-def test_partitions_need_a_planned_output_with_the_same_input_and_settings(tmp_path):
+def test_shards_need_a_planned_output_with_the_same_input_and_settings(tmp_path):
     write_input(tmp_path / "in", [300])
     cfg = config(tmp_path)
-    with pytest.raises(ConfigError, match="has not been planned: run plan_partitions"):
+    with pytest.raises(ConfigError, match="has not been planned: run plan_shards"):
         run_batch_inference(dataclasses.replace(cfg, range_ids=["x-0-100"]))
-    (partition,) = plan_partitions(cfg, 1)
+    (shard,) = plan_shards(cfg, 1)
     with pytest.raises(ConfigError, match=r"planned with different settings \(stages\)"):
         run_batch_inference(
             dataclasses.replace(
-                config(tmp_path, predictor="tests.support.predictors:SlowScore"), range_ids=partition.range_ids
+                config(tmp_path, predictor="tests.support.predictors:SlowScore"), range_ids=shard.range_ids
             )
         )
     with pytest.raises(Exception, match="not in the input's plan"):
         run_batch_inference(dataclasses.replace(cfg, range_ids=["nope-0-1"]))
     write_input(tmp_path / "in", [300, 10])
     with pytest.raises(InputChangedError, match="rerun the planning task"):
-        run_batch_inference(dataclasses.replace(cfg, range_ids=partition.range_ids))
+        run_batch_inference(dataclasses.replace(cfg, range_ids=shard.range_ids))
 
 
-def test_plan_partitions_checks_its_arguments(tmp_path):
+def test_plan_shards_checks_its_arguments(tmp_path):
     write_input(tmp_path / "in", [100])
-    with pytest.raises(ConfigError, match="partitions must be an integer >= 1"):
-        plan_partitions(config(tmp_path), 0)
-    with pytest.raises(ConfigError, match="partition must be one item returned by plan_partitions"):
-        Partition.from_dict({"index": 0})
-    # More partitions than ranges: one range each.
-    assert [len(p.range_ids) for p in plan_partitions(config(tmp_path, rows_per_range=50), 5)] == [1, 1]
+    with pytest.raises(ConfigError, match="shards must be an integer >= 1"):
+        plan_shards(config(tmp_path), 0)
+    with pytest.raises(ConfigError, match="shard must be one item returned by plan_shards"):
+        Shard.from_dict({"index": 0})
+    # More shards than ranges: one range each.
+    assert [len(p.range_ids) for p in plan_shards(config(tmp_path, rows_per_range=50), 5)] == [1, 1]
 
 
 def test_max_rows_processes_the_first_rows_once_and_is_part_of_the_job(tmp_path):
