@@ -192,6 +192,12 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
         self.poll_interval = poll_interval
         self.submission_id: str | None = None
 
+    @property
+    def partition(self) -> dict[str, Any] | None:
+        """Deprecated name of :attr:`shard`, which a DAG's ``map_index_template`` may still read."""
+        warnings.warn("partition is deprecated: use shard", AirflowProviderDeprecationWarning, stacklevel=2)
+        return self.shard
+
     @cached_property
     def hook(self) -> RayHook:
         return RayHook(ray_conn_id=self.ray_conn_id)

@@ -74,3 +74,11 @@ def test_the_shard_arguments_old_names_still_work_with_a_warning_naming_the_new_
 def test_a_shard_argument_given_under_both_names_is_refused_naming_both(old, new, value):
     with pytest.raises(ConfigError, match=f"{old} is the deprecated name of {new}"):
         RayPipelineOperator(task_id="t", input_path="/in", output_path="/out", **{old: value, new: value})
+
+
+def test_a_map_index_template_of_an_earlier_version_still_reads_the_shard_as_task_partition():
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    operator = RayPipelineOperator(task_id="t", input_path="/in", output_path="/out", shard=SHARD)
+    with pytest.warns(AirflowProviderDeprecationWarning, match="partition is deprecated: use shard"):
+        assert operator.partition == SHARD

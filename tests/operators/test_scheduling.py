@@ -211,6 +211,31 @@ def test_mapped_shards_write_exactly_what_one_task_writes(tmp_path):
     assert many.equals(one)
 
 
+@pytest.mark.usefixtures("ray_local", "airflow_db")
+def test_a_dag_written_with_the_old_argument_names_still_maps_its_shards(tmp_path):
+    """``plan_partitions``, ``.expand(partition=...)`` and a ``map_index_template`` reading ``task.partition``."""
+    write_input(tmp_path / "in" / "2026-11-20", [300])
+    common = {
+        "predictor": "tests.support.predictors:score",
+        "input_path": str(tmp_path / "in" / "{{ ds }}"),
+        "output_path": str(tmp_path / "out" / "{{ ds }}"),
+        "id_column": "id",
+        "rows_per_range": 100,
+    }
+    with DAG("mapped_with_old_names", schedule=None, start_date=LOGICAL_DATE) as dag:
+        plan = RayBatchInferenceOperator(task_id="plan", plan_partitions=2, **common)
+        RayBatchInferenceOperator.partial(
+            task_id="part", map_index_template="partition {{ task.partition['index'] }}", **common
+        ).expand(partition=plan.output)
+
+    run = run_dag(dag, LOGICAL_DATE)
+    parts = sorted(
+        (ti.map_index, ti.state, ti.rendered_map_index) for ti in run.get_task_instances() if ti.task_id == "part"
+    )
+    assert parts == [(0, "success", "partition 0"), (1, "success", "partition 1")]
+    assert_exactly_once(read_output(tmp_path / "out" / "2026-11-20"), range(300))
+
+
 def test_a_relative_path_fails_the_task_at_once_naming_the_argument(tmp_path):
     operator = RayBatchInferenceOperator(
         task_id="bad",
