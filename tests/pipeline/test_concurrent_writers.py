@@ -152,10 +152,10 @@ def test_shards_run_side_by_side_and_exclude_a_whole_output_writer(tmp_path):
     try:
         with pytest.raises(
             OutputBusyError,
-            match=r"partition [0-9a-f]{16} of output .* is being written by dag dag_a, run run_1, task score, try 1",
+            match=r"shard [0-9a-f]{16} of output .* is being written by dag dag_a, run run_1, task score, try 1",
         ):
             run_batch_inference(config(tmp_path, run_key="dag_a/run_1/score/0", range_ids=first.range_ids, **SLOW))
-        with pytest.raises(OutputBusyError, match=r"partition [0-9a-f]{16} of output .* is being written by dag dag_a"):
+        with pytest.raises(OutputBusyError, match=r"shard [0-9a-f]{16} of output .* is being written by dag dag_a"):
             run_batch_inference(config(tmp_path, mode="overwrite", run_key="dag_a/run_2/plan/-1", **SLOW))
         # The other shard runs meanwhile.
         other = run_batch_inference(config(tmp_path, run_key="dag_a/run_1/score/1", range_ids=second.range_ids, **SLOW))
@@ -174,15 +174,17 @@ def test_a_range_committed_under_a_replaced_plan_is_found_by_the_verifier_and_re
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
+    from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, read_plan
     from airflow_provider_raybatch.pipeline.commit.verify import verify_output
+    from airflow_provider_raybatch.pipeline.store.files import resolve
 
     write_input(tmp_path / "in", [200])
     output = tmp_path / "out"
     old = config(tmp_path, "tests.support.predictors:add_bias", predictor_kwargs={"bias": 1.0}, run_key="dag/1/t/-1")
     run_batch_inference(old)
-    stale = OutputLedger.open(str(output))  # a writer that checked the old plan
-    stale.load_plan()
+    fs, root = resolve(str(output))
+    # A writer that checked the old plan.
+    stale = OutputLedger(fs, root, str(output), plan=read_plan(fs, root, str(output)))
     new = config(tmp_path, "tests.support.predictors:add_bias", predictor_kwargs={"bias": 5.0}, run_key="dag/2/t/-1")
     run_batch_inference(dataclasses.replace(new, mode="overwrite"))
     assert verify_output(str(output)) == []

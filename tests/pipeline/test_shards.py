@@ -51,13 +51,11 @@ def test_a_shard_touches_only_its_own_ranges(tmp_path):
     write_input(tmp_path / "in", [600])
     cfg = config(tmp_path)
     first, second = plan_shards(cfg, 2)
-    ledger = OutputLedger(*resolve(str(tmp_path / "out")), str(tmp_path / "out"))
+    out = (*resolve(str(tmp_path / "out")), str(tmp_path / "out"))
     # Another shard's task is writing a range right now, and left an uncommitted file.
-    ledger.tmp_dir = ledger.tmp_folder(second.range_ids)
-    in_flight = Path(ledger.tmp_file("7"))
+    in_flight = Path(OutputLedger(*out, range_ids=second.range_ids).tmp_file("7"))
     in_flight.write_bytes(b"being written")
-    ledger.tmp_dir = ledger.tmp_folder(first.range_ids)
-    stale_own = Path(ledger.tmp_file("0"))
+    stale_own = Path(OutputLedger(*out, range_ids=first.range_ids).tmp_file("0"))
     stale_own.write_bytes(b"left by a killed try of this shard")
 
     summary = run_batch_inference(dataclasses.replace(cfg, range_ids=first.range_ids))

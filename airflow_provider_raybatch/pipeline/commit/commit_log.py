@@ -76,12 +76,12 @@ class CommitLog:
         self.commits_dir = f"{self.meta}/commits"  # layout version 1
         self.segments_dir = f"{self.meta}/segments"
         self.manifest_path = f"{self.meta}/manifest.json"
-        #: The layout this ledger writes: the recorded plan's (:meth:`.ledger.OutputLedger.load_plan`), else the newest.
+        #: The layout this ledger writes: the recorded plan's (given to :class:`.ledger.OutputLedger`), else the newest.
         self.version = PLAN_VERSION
         #: The id of the plan this writer checked its configuration against (:meth:`.plan_record.PlanRecord.plan_id`),
-        #: named in each record it writes; None until a plan is loaded or written.
+        #: named in each record it writes; None without one (given, or written).
         self.plan_id: str | None = None
-        #: Whose segments this writer writes (:meth:`.ledger.OutputLedger.set_scope`), and this writer's own id
+        #: Whose segments this writer writes (:class:`.ledger.OutputLedger`'s ``range_ids``), and this writer's own id
         #: in their names.
         self.scope = OUTPUT_SCOPE
         self.writer_id = uuid.uuid4().hex[:12]

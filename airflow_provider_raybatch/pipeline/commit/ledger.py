@@ -39,12 +39,13 @@ import json
 import logging
 import posixpath
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE, CommitLog
+from airflow_provider_raybatch.pipeline.commit.commit_log import CommitLog
 from airflow_provider_raybatch.pipeline.commit.commit_record import REJECTS_DIR, CommitRecord
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.output_schema import schema_from_json, schema_to_json
@@ -76,21 +77,50 @@ def shard_key(range_ids: list[str]) -> str:
 
 class OutputLedger(CommitLog):
     """Reads and writes the bookkeeping of one output folder: its plan, schemas, files and leases'
-    folders here, its commit records by :class:`.commit_log.CommitLog`."""
+    folders here, its commit records by :class:`.commit_log.CommitLog`.
 
-    def __init__(self, fs: AbstractFileSystem, root: str, display_path: str):
+    What a writer needs is given when it is made, and not changed from outside afterwards: the
+    ledger changes its own plan only by writing one (:meth:`write_plan`).
+
+    :param fs: the output's filesystem.
+    :param root: the output folder.
+    :param display_path: the output as the user gave it (named in errors).
+    :param plan: the recorded plan the writer checked its settings against (:func:`read_plan`): the
+        layout it writes and the plan id its records name. None: none recorded (a reader, or a new output).
+    :param range_ids: the writer of one shard's ranges (its own temporary folder and segments'
+        scope); None: of the whole output.
+    :param fence: called before every publish, commit record and removal; raises once the writer lost its
+        lease (:meth:`.lease.Lease.check`). None: a reader, or a writer without a lease (tests, benchmarks).
+    """
+
+    def __init__(
+        self,
+        fs: AbstractFileSystem,
+        root: str,
+        display_path: str,
+        *,
+        plan: PlanRecord | None = None,
+        range_ids: list[str] | None = None,
+        fence: Callable[[], None] | None = None,
+    ):
         super().__init__(fs, root, display_path, f"{root}/{META_DIR}")
-        self.plan_path = f"{self.meta}/plan.json"
+        self.plan_path = plan_path(root)
         # Named before shards were told apart from a table's partitions: outputs written then still resume.
         self.shards_path = f"{self.meta}/partitions.json"
         #: This writer's temporary folder: a shard's writer is given its own (:meth:`tmp_folder`).
-        self.tmp_dir = self.tmp_folder()
+        self.tmp_dir = self.tmp_folder(range_ids)
         self.schemas_dir = f"{self.meta}/schemas"
         self.rejects_dir = f"{root}/{REJECTS_DIR}"
+        if range_ids is not None:
+            self.scope = posixpath.basename(self.lease_folder(range_ids))
+        if fence is not None:
+            self.fence = fence
+        if plan is not None:
+            self._adopt(plan)
 
     @classmethod
     def open(cls, output_path: str, storage_options: dict[str, Any] | None = None) -> OutputLedger:
-        """The ledger of the output folder ``output_path`` (local or a URL)."""
+        """The ledger of the output folder ``output_path`` (local or a URL), for reading it."""
         fs, path = resolve(output_path, storage_options)
         return cls(fs, path, output_path)
 
@@ -115,43 +145,34 @@ class OutputLedger(CommitLog):
             return f"{self.meta}/tmp"
         return f"{self.meta}/tmp/{posixpath.basename(self.lease_folder(range_ids))}"
 
-    def set_scope(self, range_ids: list[str] | None) -> None:
-        """Make this the writer of the whole output (None) or of one shard's ranges: its
-        temporary folder and the scope in its segments' names."""
-        self.tmp_dir = self.tmp_folder(range_ids)
-        self.scope = OUTPUT_SCOPE if range_ids is None else posixpath.basename(self.lease_folder(range_ids))
-
     def tmp_file(self, label: str) -> str:
         """A new file name in this writer's temporary folder (which is created)."""
         self.fs.makedirs(self.tmp_dir, exist_ok=True)
         return tmp_name(self.tmp_dir, label)
 
     def load_plan(self) -> PlanRecord | None:
-        """The recorded plan; an output written by a newer, incompatible layout is refused."""
-        try:
-            data = read_json(self.fs, self.plan_path)
-        except FileNotFoundError:
-            return None
-        plan = PlanRecord.from_json(data, self.display_path)
-        self.version = plan.version
-        self.plan_id = plan.plan_id()
-        return plan
+        """The recorded plan, read now (:func:`read_plan`); the ledger's own stays the one it was given."""
+        return read_plan(self.fs, self.root, self.display_path)
 
     def write_shards(self, count: int) -> None:
         """Record that a mapped run's planning cut the plan into ``count`` shards."""
         self.fence()
         write_json(self.fs, self.shards_path, {"plan_id": self.plan_id, "count": count})
 
-    def load_shards(self) -> int | None:
-        """The shard count recorded for the current plan; None without one (or for another plan)."""
+    def load_shards(self, plan: PlanRecord) -> int | None:
+        """The shard count recorded for ``plan``; None without one (or for another plan)."""
         try:
             data = read_json(self.fs, self.shards_path)
         except FileNotFoundError:
             return None
-        return int(data["count"]) if data.get("plan_id") == self.plan_id else None
+        return int(data["count"]) if data.get("plan_id") == plan.plan_id() else None
 
     def write_plan(self, plan: PlanRecord) -> None:
+        """Record ``plan``: from now on this writer writes its layout and names its id."""
         write_json(self.fs, self.plan_path, plan.to_json(), compact=True)
+        self._adopt(plan)
+
+    def _adopt(self, plan: PlanRecord) -> None:
         self.version = plan.version
         self.plan_id = plan.plan_id()
 
@@ -350,6 +371,21 @@ class OutputLedger(CommitLog):
             doomed += [p for p in ls(self.fs, self.meta) if posixpath.basename(p.rstrip("/")) not in leases]
         for path in doomed:
             retry_transient(lambda path=path: _remove(self.fs, path), f"removing {path}")
+
+
+def plan_path(root: str) -> str:
+    """Where the plan of the output folder ``root`` is recorded."""
+    return f"{root}/{META_DIR}/plan.json"
+
+
+def read_plan(fs: AbstractFileSystem, root: str, display_path: str) -> PlanRecord | None:
+    """The plan recorded in the output folder ``root``, None without one; an output written by a
+    newer, incompatible layout is refused (:class:`.errors.ConfigError` naming ``display_path``)."""
+    try:
+        data = read_json(fs, plan_path(root))
+    except FileNotFoundError:
+        return None
+    return PlanRecord.from_json(data, display_path)
 
 
 def _remove(fs: AbstractFileSystem, path: str) -> None:

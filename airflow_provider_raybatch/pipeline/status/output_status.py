@@ -235,7 +235,7 @@ def _read(
     rows_planned = sum(r.rows for r in ranges)
 
     lease = lease_status(lease_owner, lease_owner.lease_folder(), OUTPUT_SCOPE, lease_timeout_s, now)
-    count = ledger.load_shards()
+    count = ledger.load_shards(plan)
     planned = {} if count is None else {shard_key([r.id for r in g]): g for g in contiguous_groups(ranges, count)}
     shards = shard_writers(lease_owner, mine, ledger.last_scopes, planned, lease_timeout_s, now)
     live = [s for s in [lease, *(p.lease for p in shards)] if s is not None and s.live]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from pathlib import Path
@@ -11,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import PLAN_VERSION, SEGMENT_FANOUT
-from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord, partition_key
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError
+from airflow_provider_raybatch.pipeline.store.files import resolve
 from tests.support.data import OpenRecordingFileSystem
 
 
@@ -117,8 +119,7 @@ def test_a_layout_1_output_is_read_record_by_record_and_keeps_that_layout_until_
 def test_shards_write_their_own_segments_side_by_side_and_the_whole_output_writer_folds_them(tmp_path):
     writers = []
     for part in (["p0-a", "p0-b", "p0-c"], ["p1-a", "p1-b", "p1-c"]):
-        writer = OutputLedger.open(str(tmp_path / "out"))
-        writer.set_scope(part)
+        writer = OutputLedger(*resolve(str(tmp_path / "out")), "out", range_ids=part)
         writers.append((writer, part))
     for step in range(3):  # interleaved, as two tasks commit at the same time
         for writer, part in writers:
@@ -132,9 +133,7 @@ def test_shards_write_their_own_segments_side_by_side_and_the_whole_output_write
     assert opened == 2 and len(committed) == 6
 
     # A killed try of the first shard leaves segments; its retry folds them with its own.
-    killed, retry = OutputLedger.open(str(tmp_path / "out")), OutputLedger.open(str(tmp_path / "out"))
-    for writer in (killed, retry):
-        writer.set_scope(writers[0][1])
+    killed, retry = (OutputLedger(*resolve(str(tmp_path / "out")), "out", range_ids=writers[0][1]) for _ in "kr")
     commit_empty_ranges(killed, ["p0-d", "p0-e"], per_segment=1)
     commit_empty_ranges(retry, ["p0-f"], per_segment=1)
     retry.finish()
@@ -201,3 +200,22 @@ def test_a_reader_never_misses_a_record_while_the_writer_merges_and_folds(tmp_pa
     finally:
         thread.join()
     assert reads > 5 and set(OutputLedger.open(str(tmp_path / "out")).committed()) == set(ids)
+
+
+def test_a_ledger_writes_under_the_plan_scope_and_fence_it_was_made_with(tmp_path):
+    fs, root = resolve(str(tmp_path / "out"))
+    recorded = PlanRecord("in", {"files": []}, {"rows_per_range": 10}, None)
+    OutputLedger(fs, root, "out").write_plan(recorded)
+    fenced = []
+    part = ["r1", "r2"]
+    writer = OutputLedger(fs, root, "out", plan=recorded, range_ids=part, fence=lambda: fenced.append(True))
+    assert writer.tmp_dir == writer.tmp_folder(part) and writer.scope == partition_key(part)
+
+    # The plan recorded since (another writer's overwrite) is read, and this writer's stays the one it was made with.
+    OutputLedger(fs, root, "out").write_plan(dataclasses.replace(recorded, input_path="other"))
+    assert writer.load_plan().input_path == "other"
+    record = writer.publish("r1", [], 0)
+    writer.record([record])
+    assert record.plan == recorded.plan_id() and fenced
+    segments = [p.name for p in (tmp_path / "out" / "_raybatch" / "segments").iterdir()]
+    assert [name.split(".")[0] for name in segments] == [partition_key(part)]
