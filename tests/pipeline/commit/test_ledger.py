@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_raybatch.pipeline.commit.commit_log import PLAN_VERSION, SEGMENT_FANOUT
-from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord, partition_key
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger, PlanRecord, shard_key
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError
 from airflow_provider_raybatch.pipeline.store.files import resolve
 from tests.support.data import OpenRecordingFileSystem
@@ -209,7 +209,7 @@ def test_a_ledger_writes_under_the_plan_scope_and_fence_it_was_made_with(tmp_pat
     fenced = []
     part = ["r1", "r2"]
     writer = OutputLedger(fs, root, "out", plan=recorded, range_ids=part, fence=lambda: fenced.append(True))
-    assert writer.tmp_dir == writer.tmp_folder(part) and writer.scope == partition_key(part)
+    assert writer.tmp_dir == writer.tmp_folder(part) and writer.scope == shard_key(part)
 
     # The plan recorded since (another writer's overwrite) is read, and this writer's stays the one it was made with.
     OutputLedger(fs, root, "out").write_plan(dataclasses.replace(recorded, input_path="other"))
@@ -218,4 +218,4 @@ def test_a_ledger_writes_under_the_plan_scope_and_fence_it_was_made_with(tmp_pat
     writer.record([record])
     assert record.plan == recorded.plan_id() and fenced
     segments = [p.name for p in (tmp_path / "out" / "_raybatch" / "segments").iterdir()]
-    assert [name.split(".")[0] for name in segments] == [partition_key(part)]
+    assert [name.split(".")[0] for name in segments] == [shard_key(part)]
