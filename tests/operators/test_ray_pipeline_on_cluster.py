@@ -306,7 +306,7 @@ def test_the_planning_task_of_a_mapped_run_reads_the_footers_on_the_cluster(tmp_
     assert run.get_task_instance("plan").xcom_pull(task_ids="plan") == [p.to_dict() for p in here]
 
     (plan_job,) = jobs_of(ray_cluster, "mapped_on_cluster", "plan").values()
-    assert plan_job["status"] == "SUCCEEDED" and '"plan_shards": 2' in plan_job["entrypoint"]
+    assert plan_job["status"] == "SUCCEEDED" and '"plan_partitions": 2' in plan_job["entrypoint"]
     assert {j["status"] for j in jobs_of(ray_cluster, "mapped_on_cluster").values()} == {"SUCCEEDED"}
     job_lines = [line for line in capfd.readouterr().out.splitlines() if "[ray job]" in line]
     assert any("Read 4 footers in 1 Ray task(s)" in line for line in job_lines), job_lines[-20:]
