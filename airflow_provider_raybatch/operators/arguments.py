@@ -1,15 +1,23 @@
-"""The operator's arguments that are the config's: which, and what the operator adds to their description.
+"""The operators' arguments that are the config's: which, and what the operators add to their description.
 
-Each is described once, on the config's field (:mod:`~airflow_provider_raybatch.pipeline.described`);
-:class:`~airflow_provider_raybatch.operators.ray_pipeline.RayPipelineOperator`'s ``:param:`` lines
-for them are composed from it (:func:`shared_param_docs`), and its signature takes their defaults
-from the config (``tests/operators/test_arguments.py`` checks names, defaults and types).
+Each is described once, on the config's field (:mod:`~airflow_provider_raybatch.pipeline.described`):
+:class:`~airflow_provider_raybatch.operators.ray_pipeline.RayPipelineOperator`'s arguments on
+:class:`~airflow_provider_raybatch.pipeline.config.BatchInferenceConfig` (:func:`shared_param_docs`),
+the replicas' resources of the operators that run replicas on
+:class:`~airflow_provider_raybatch.pipeline.resources.ReplicaResources` (:func:`resource_param_docs`).
+Their ``:param:`` lines are composed from it, and their signatures take the defaults from there where
+they are the same (``tests/operators/test_arguments.py`` checks names, defaults and types).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
+
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TableOutput
 from airflow_provider_raybatch.pipeline.described import param_docs
+from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
 #: What the operator adds to the shared arguments' descriptions: how it renders them.
 RENDERING = {
@@ -50,3 +58,37 @@ def shared_param_docs() -> str:
     return param_docs(BatchInferenceConfig, SHARED_ARGUMENTS, notes=RENDERING).rstrip() + param_docs(
         TableOutput, SHARED_TABLE_ARGUMENTS, prefix="table_"
     )
+
+
+#: The replicas' resources as the operators' arguments, by field name: ``resources`` is ``ray_resources``,
+#: as Airflow's BaseOperator has a ``resources`` of its own.
+RESOURCE_ARGUMENTS = {f.name: f.name for f in fields(ReplicaResources)} | {"resources": "ray_resources"}
+#: What every operator adds to a resource argument's description, by field name.
+RESOURCE_NOTES = {"resources": "Ray Data's ``resources`` of ``map_batches``, not Airflow's ``resources`` argument."}
+
+
+def resource_param_docs(operator: type, notes: Mapping[str, str]) -> str:
+    """``operator``'s ``:param:`` lines for the replicas' resources it takes (its ``resource_arguments``).
+
+    :param operator: its class; a resource argument among its ``template_fields`` is said to be templated.
+    :param notes: what the operator adds to a field's description (whose replicas, its own default), by field name.
+    """
+    names = operator.resource_arguments
+    added = {
+        name: " ".join(
+            part
+            for part in (
+                notes.get(name, ""),
+                RESOURCE_NOTES.get(name, ""),
+                "Templated." if RESOURCE_ARGUMENTS[name] in operator.template_fields else "",
+            )
+            if part
+        )
+        for name in names
+    }
+    return param_docs(ReplicaResources, names, renamed=RESOURCE_ARGUMENTS, notes=added)
+
+
+def resource_values(operator: Any) -> dict[str, Any]:
+    """``operator``'s resource arguments (those its ``resource_arguments`` name), by ReplicaResources' field name."""
+    return {name: getattr(operator, RESOURCE_ARGUMENTS[name]) for name in operator.resource_arguments}

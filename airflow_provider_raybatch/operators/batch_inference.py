@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_raybatch.operators.arguments import RESOURCE_ARGUMENTS, resource_param_docs, resource_values
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
 from airflow_provider_raybatch.operators.rendered import rendered_replica_resources
 from airflow_provider_raybatch.pipeline.config import Stage
-from airflow_provider_raybatch.pipeline.resources import ReplicaResources
+from airflow_provider_raybatch.pipeline.resources import AUTO, ReplicaResources
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -25,26 +26,15 @@ class RayBatchInferenceOperator(RayPipelineOperator):
     with ``predictor_kwargs`` whose ``__call__(batch)`` returns a dict of columns, or a function
     ``fn(batch, **predictor_kwargs)``. The output holds ``keep_columns`` plus what the last
     stage returns. Paths, columns, checkpointing and connections are the parameters of
-    :class:`~airflow_provider_raybatch.operators.ray_pipeline.RayPipelineOperator`.
+    :class:`~airflow_provider_raybatch.operators.ray_pipeline.RayPipelineOperator`; the resource
+    arguments (``batch_size`` to ``ray_resources``, last below) are those of the predictor's replicas
+    (each of ``stages`` has its own).
 
     :param predictor: a class or function, or its import path ``"pkg.module:Name"``.
         Exclusive with ``stages``.
     :param predictor_kwargs: constructor kwargs of a class, extra kwargs of a function (templated).
     :param stages: a chain of :class:`~airflow_provider_raybatch.pipeline.config.Stage`, each with
         its own predictor and resources, e.g. a CPU preprocessing stage then a GPU model (templated).
-    :param batch_size: rows per predictor call.
-    :param concurrency: replicas of the predictor: an int, ``(min, max)`` to autoscale, or None
-        (default): on CPUs only, as many replicas as the Ray cluster's CPUs hold beside what other
-        tasks on the shared local Ray hold (each replica reads, scores and writes its own rows);
-        with ``num_gpus`` or ``accelerator_type``, one.
-    :param num_cpus: CPUs per replica (fractions allowed). A replica's torch and Arrow use as
-        many threads (whole CPUs, at least one), as Ray's ``OMP_NUM_THREADS`` says; a predictor
-        that sets its own thread count keeps it.
-    :param num_gpus: GPUs per replica.
-    :param memory: bytes of memory per replica.
-    :param accelerator_type: Ray accelerator type per replica, e.g. ``"A10G"``.
-    :param ray_resources: custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``
-        (``resources`` of ``map_batches``; Airflow's ``resources`` argument is another thing).
     :param batch_format: what the predictor receives: ``"numpy"`` (default), ``"pandas"``, ``"pyarrow"``.
     """
 
@@ -59,6 +49,8 @@ class RayBatchInferenceOperator(RayPipelineOperator):
         "num_gpus",
     )
     template_fields_renderers = {"predictor_kwargs": "json"}
+    #: The replicas' resources it takes (a predictor's replica works on one batch at a time).
+    resource_arguments = tuple(name for name in RESOURCE_ARGUMENTS if name != "max_concurrent_batches")
     ui_color = "#d7ecfb"
 
     def __init__(
@@ -67,13 +59,14 @@ class RayBatchInferenceOperator(RayPipelineOperator):
         predictor: str | Callable[..., Any] | type | None = None,
         predictor_kwargs: dict[str, Any] | None = None,
         stages: list[Stage] | None = None,
-        batch_size: int | None = 256,
-        concurrency: int | tuple[int, int] | None = None,
-        num_cpus: float = 1,
-        num_gpus: float = 0,
-        memory: int | None = None,
-        accelerator_type: str | None = None,
-        ray_resources: dict[str, float] | None = None,
+        batch_size: int | None = ReplicaResources.batch_size,
+        # Unlike a Stage's, the operator's replicas fill the cluster's CPUs unless told (a Stage keeps one).
+        concurrency: int | tuple[int, int] | None = AUTO,
+        num_cpus: float = ReplicaResources.num_cpus,
+        num_gpus: float = ReplicaResources.num_gpus,
+        memory: int | None = ReplicaResources.memory,
+        accelerator_type: str | None = ReplicaResources.accelerator_type,
+        ray_resources: dict[str, float] | None = ReplicaResources.resources,
         batch_format: str = "numpy",
         **kwargs: Any,
     ) -> None:
@@ -94,15 +87,7 @@ class RayBatchInferenceOperator(RayPipelineOperator):
 
     def replica_resources(self) -> ReplicaResources:
         """The predictor replicas' resources, from the rendered arguments."""
-        return rendered_replica_resources(
-            batch_size=self.batch_size,
-            concurrency=self.concurrency,
-            num_cpus=self.num_cpus,
-            num_gpus=self.num_gpus,
-            memory=self.memory,
-            accelerator_type=self.accelerator_type,
-            resources=self.ray_resources,
-        )
+        return rendered_replica_resources(**resource_values(self))
 
     def build_stages(self, context: Context) -> list[Stage]:
         if self.stages is not None:
@@ -115,3 +100,13 @@ class RayBatchInferenceOperator(RayPipelineOperator):
                 **self.replica_resources().resource_kwargs(),
             )
         ]
+
+
+RayBatchInferenceOperator.__doc__ = (RayBatchInferenceOperator.__doc__ or "").rstrip() + resource_param_docs(
+    RayBatchInferenceOperator,
+    notes={
+        "concurrency": "Default here: None (each replica reads, scores and writes its own rows).",
+        "num_cpus": "A replica's torch and Arrow use as many threads (whole CPUs, at least one), as Ray's "
+        "``OMP_NUM_THREADS`` says; a predictor that sets its own thread count keeps it.",
+    },
+)

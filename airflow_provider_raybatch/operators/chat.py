@@ -10,9 +10,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.hooks.openai_endpoint import OpenAIEndpointHook
-from airflow_provider_raybatch.llm.build import build_stages
+from airflow_provider_raybatch.llm.build import DEFAULT_BATCH_SIZE, build_stages
 from airflow_provider_raybatch.llm.config import DEFAULT_API_KEY_ENV, ChatTask, EngineConfig
 from airflow_provider_raybatch.llm.engines import find_engine, get_engine
+from airflow_provider_raybatch.operators.arguments import RESOURCE_ARGUMENTS, resource_param_docs, resource_values
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
 from airflow_provider_raybatch.operators.rendered import as_kind, rendered_replica_resources
 from airflow_provider_raybatch.pipeline.config import Stage
@@ -28,7 +29,8 @@ class ChatOperator(RayPipelineOperator):
     Rows run in the checkpointed ranges of :class:`RayPipelineOperator` (paths, ``keep_columns``,
     ``id_column``, ``mode``, ``max_error_fraction``, ``ray_conn_id``... are its parameters), so a
     retry resumes and writes each row exactly once. A row the engine fails on goes to
-    ``<output_path>/_rejects/`` with the error.
+    ``<output_path>/_rejects/`` with the error. The resource arguments (``batch_size`` to
+    ``max_concurrent_batches``, last below) are those of the engine's replicas.
 
     :param prompt: the user message; ``{column}`` fields are filled from each row (templated).
     :param model: a model id or local folder (``vllm``, ``transformers``); the served model name
@@ -47,18 +49,6 @@ class ChatOperator(RayPipelineOperator):
     :param token_columns: also write each row's prompt and generated tokens as the columns
         ``num_input_tokens`` and ``num_generated_tokens``. The output's totals (summary, status,
         the UI) are counted either way.
-    :param batch_size: rows per engine call (templated).
-    :param max_concurrent_batches: batches each engine replica works on at once (``vllm``: Ray's
-        ``max_concurrent_batches``, default 8; keep ``batch_size x max_concurrent_batches`` at least
-        vLLM's ``max_num_seqs``, or the engine waits for rows) (templated).
-    :param concurrency: engine replicas, or ``(min, max)`` (templated).
-    :param num_cpus: CPUs per engine replica (templated).
-    :param num_gpus: GPUs per engine replica; None: the engine's default (vLLM: tensor x pipeline
-        parallel size; transformers and openai: 0) (templated).
-    :param memory: bytes of memory per engine replica.
-    :param accelerator_type: Ray accelerator type per replica, e.g. ``"L4"``.
-    :param ray_resources: custom Ray resources per engine replica, e.g. ``{"big_memory_node": 1}``
-        (``resources`` of ``map_batches``; Airflow's ``resources`` argument is another thing).
     :param openai_conn_id: for an endpoint engine (``openai``): a connection whose host is the
         endpoint's base URL (``https://api.openai.com/v1``) and whose password is the API key.
     :param api_key_env: the environment variable through which the key reaches the pipeline's
@@ -82,6 +72,8 @@ class ChatOperator(RayPipelineOperator):
         "num_gpus",
     )
     template_fields_renderers = {"sampling_params": "json", "engine_kwargs": "json"}
+    #: The replicas' resources it takes: all.
+    resource_arguments = tuple(RESOURCE_ARGUMENTS)
 
     def __init__(
         self,
@@ -94,14 +86,16 @@ class ChatOperator(RayPipelineOperator):
         engine_kwargs: dict[str, Any] | None = None,
         output_column: str = "generated_text",
         token_columns: bool = False,
-        batch_size: int = 16,
-        max_concurrent_batches: int | None = None,
-        concurrency: int | tuple[int, int] = 1,
+        # An engine's own: the LLM stages' batch size (llm.build's), half a CPU per replica (a CPU engine,
+        # its processor's stages and a read task fit on 2 CPUs), the engine's own GPU count.
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_concurrent_batches: int | None = ReplicaResources.max_concurrent_batches,
+        concurrency: int | tuple[int, int] = ReplicaResources.concurrency,
         num_cpus: float = 0.5,
         num_gpus: float | None = None,
-        memory: int | None = None,
-        accelerator_type: str | None = None,
-        ray_resources: dict[str, float] | None = None,
+        memory: int | None = ReplicaResources.memory,
+        accelerator_type: str | None = ReplicaResources.accelerator_type,
+        ray_resources: dict[str, float] | None = ReplicaResources.resources,
         openai_conn_id: str = "openai_default",
         api_key_env: str = DEFAULT_API_KEY_ENV,
         **kwargs: Any,
@@ -148,16 +142,7 @@ class ChatOperator(RayPipelineOperator):
 
     def replica_resources(self) -> ReplicaResources:
         """The engine replicas' resources, from the rendered arguments."""
-        return rendered_replica_resources(
-            batch_size=self.batch_size,
-            max_concurrent_batches=self.max_concurrent_batches,
-            concurrency=self.concurrency,
-            num_cpus=self.num_cpus,
-            num_gpus=self.num_gpus,
-            memory=self.memory,
-            accelerator_type=self.accelerator_type,
-            resources=self.ray_resources,
-        )
+        return rendered_replica_resources(**resource_values(self))
 
     def build_stages(self, context: Context) -> list[Stage]:
         return build_stages(self.chat_task(), self.engine_config(), self.replica_resources())
@@ -194,3 +179,12 @@ class ChatOperator(RayPipelineOperator):
                 os.environ.pop(self.api_key_env, None)
             else:
                 os.environ[self.api_key_env] = previous
+
+
+ChatOperator.__doc__ = (ChatOperator.__doc__ or "").rstrip() + resource_param_docs(
+    ChatOperator,
+    notes={
+        "max_concurrent_batches": "With ``vllm``, keep ``batch_size x max_concurrent_batches`` at least vLLM's "
+        "``max_num_seqs``, or the engine waits for rows.",
+    },
+)

@@ -42,10 +42,8 @@ DEFAULT_TABLE_COMMIT_INTERVAL_S = 60.0
 class Stage(ReplicaResources):
     """One model (or preprocessing step) applied with Ray Data ``map_batches``.
 
-    Its replicas' resources are those of :class:`~airflow_provider_raybatch.pipeline.resources.ReplicaResources`
-    (keyword arguments): ``batch_size`` (rows per call, default 256), ``concurrency`` (replicas,
-    or ``(min, max)`` to autoscale), ``num_cpus``, ``num_gpus``, ``memory`` (bytes),
-    ``accelerator_type`` and ``resources`` (custom Ray resources), all per replica.
+    Its replicas' resources are the keyword arguments of
+    :class:`~airflow_provider_raybatch.pipeline.resources.ReplicaResources`, described there (and last below).
 
     :param predictor: a class (constructed once per replica with ``predictor_kwargs``) or a
         function (called with each batch and ``predictor_kwargs``), or its import path
@@ -373,6 +371,7 @@ class BatchInferenceConfig:
         }
 
 
+Stage.__doc__ = Stage.__doc__.rstrip() + param_docs(ReplicaResources)
 TableOutput.__doc__ += param_docs(TableOutput)
 BatchInferenceConfig.__doc__ += param_docs(BatchInferenceConfig)
 

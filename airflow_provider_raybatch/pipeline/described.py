@@ -36,21 +36,24 @@ def param_docs(
     names: Iterable[str] | None = None,
     *,
     prefix: str = "",
+    renamed: Mapping[str, str] | None = None,
     notes: Mapping[str, str] | None = None,
 ) -> str:
     """``:param:`` lines for ``cls``'s described fields, to end a docstring with.
 
     :param names: the fields to describe, in this order (None: all of them, in declaration order).
     :param prefix: put before each field's name (an operator's ``table_`` arguments).
+    :param renamed: the name a caller takes a field under, where it is another, by the field's name.
     :param notes: what a caller adds to a field's description (how an operator renders it), by name.
     """
     notes = notes or {}
+    renamed = renamed or {}
     names = [f.name for f in fields(cls)] if names is None else list(names)
     lines = []
     for name in names:
         text = " ".join(part for part in (description(cls, name), notes.get(name, "")) if part)
         lines += textwrap.wrap(
-            f":param {prefix}{name}: {text}",
+            f":param {prefix}{renamed.get(name, name)}: {text}",
             width=108,
             initial_indent="    ",
             subsequent_indent="        ",

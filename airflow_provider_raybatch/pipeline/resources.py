@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from airflow_provider_raybatch.pipeline import ray_compat
+from airflow_provider_raybatch.pipeline.described import described, param_docs
 from airflow_provider_raybatch.pipeline.errors import ConfigError, ResourcesUnavailableError
 from airflow_provider_raybatch.pipeline.store.retries import seconds_from_env
 
@@ -37,30 +38,39 @@ _LOST = (2, 3)
 class ReplicaResources:
     """How many replicas run a stage, how big their batches are and what each one reserves.
 
-    :param batch_size: rows per call.
-    :param concurrency: replicas: a fixed number, ``(min, max)`` for an autoscaling pool, or None
-        (:data:`AUTO`): replicas on CPUs only, as many as the Ray cluster's CPUs hold when the run
-        starts (:func:`auto_replicas`); on a GPU, one.
-    :param num_cpus: CPUs reserved per replica.
-    :param num_gpus: GPUs reserved per replica. None only before a stage is built: the builder
-        decides (an LLM engine uses its own count, e.g. vLLM's tensor x pipeline parallel size).
-    :param memory: bytes of memory reserved per replica.
-    :param accelerator_type: Ray accelerator type to schedule on, e.g. ``"A10G"``.
-    :param resources: custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``: the
-        replicas run only on nodes that offer them.
-    :param max_concurrent_batches: batches each replica works on at once, for an engine that
-        overlaps them (``ray.data.llm``'s offline processors: the ``vllm`` engine); None: the
-        engine's default (8 for vLLM).
+    Each field is described once, here: the operators that take them as arguments quote it
+    (:mod:`~airflow_provider_raybatch.operators.arguments`).
     """
 
-    batch_size: int | None = 256
-    concurrency: int | tuple[int, int] | None = 1
-    num_cpus: float = 1
-    num_gpus: float | None = 0
-    memory: int | None = None
-    accelerator_type: str | None = None
-    resources: dict[str, float] | None = None
-    max_concurrent_batches: int | None = None
+    batch_size: int | None = described("rows per call.", default=256)
+    concurrency: int | tuple[int, int] | None = described(
+        "replicas: a fixed number, ``(min, max)`` for an autoscaling pool, or None "
+        "(:data:`~airflow_provider_raybatch.pipeline.resources.AUTO`): on CPUs only, as many replicas as the Ray "
+        "cluster's CPUs hold when the run starts, beside what other tasks on a shared local Ray hold "
+        "(:func:`~airflow_provider_raybatch.pipeline.resources.auto_replicas`); with ``num_gpus`` or "
+        "``accelerator_type``, one.",
+        default=1,
+    )
+    num_cpus: float = described("CPUs reserved per replica (fractions allowed).", default=1)
+    num_gpus: float | None = described(
+        "GPUs reserved per replica. None only for an LLM engine's replicas: the engine decides (vLLM: its tensor x "
+        "pipeline parallel size; transformers and openai: 0).",
+        default=0,
+    )
+    memory: int | None = described("bytes of memory reserved per replica.", default=None)
+    accelerator_type: str | None = described(
+        'the Ray accelerator type each replica is scheduled on, e.g. ``"A10G"``.', default=None
+    )
+    resources: dict[str, float] | None = described(
+        'custom Ray resources per replica, e.g. ``{"big_memory_node": 1}``: the replicas run only on nodes that '
+        "offer them.",
+        default=None,
+    )
+    max_concurrent_batches: int | None = described(
+        "batches each replica works on at once, for an engine that overlaps them (``ray.data.llm``'s offline "
+        "processors: the ``vllm`` engine); None: the engine's default (8 for vLLM).",
+        default=None,
+    )
 
     @property
     def min_replicas(self) -> int:
@@ -145,6 +155,9 @@ class ReplicaResources:
         else:
             compute = ActorPoolStrategy(size=self.min_replicas)
         return {"batch_size": self.batch_size, "compute": compute, **self.reservation()}
+
+
+ReplicaResources.__doc__ += param_docs(ReplicaResources)
 
 
 def auto_replicas(

@@ -8,10 +8,13 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from airflow_provider_raybatch.operators.arguments import SHARED_ARGUMENTS
+from airflow_provider_raybatch.operators.arguments import RESOURCE_ARGUMENTS, SHARED_ARGUMENTS
+from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
+from airflow_provider_raybatch.operators.chat import ChatOperator
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TableOutput
 from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
 OPERATOR = inspect.signature(RayPipelineOperator.__init__).parameters
 #: The config's fields the operator takes under the same name (computed: a new one is checked too), but
@@ -46,11 +49,52 @@ def test_a_shared_argument_has_the_config_s_default_type_and_description(name, f
     assert params(RayPipelineOperator.__doc__)[name].startswith(config_doc)
 
 
-@pytest.mark.parametrize("cls", [BatchInferenceConfig, TableOutput])
+@pytest.mark.parametrize("cls", [BatchInferenceConfig, TableOutput, ReplicaResources])
 def test_every_config_field_is_described_in_the_class_docstring(cls):
     documented = params(cls.__doc__)
     assert list(documented) == [f.name for f in fields(cls)]
     assert all(documented.values())
+
+
+#: The operators that run replicas, whose resource arguments are ReplicaResources' fields.
+REPLICA_OPERATORS = (RayBatchInferenceOperator, ChatOperator)
+#: Where an operator's default is its own on purpose (its signature says why).
+OWN_DEFAULTS = {
+    RayBatchInferenceOperator: {"concurrency": None},
+    ChatOperator: {"batch_size": 16, "num_cpus": 0.5, "num_gpus": None},
+}
+#: Where an operator takes less than the field's type: a predictor's replica has a GPU count, and the chat
+#: operators' replicas are a number (or a pool) of engines with a batch size.
+NARROWER = {
+    RayBatchInferenceOperator: {"num_gpus": "float"},
+    ChatOperator: {"batch_size": "int", "concurrency": "int | tuple[int, int]"},
+}
+
+
+@pytest.mark.parametrize("operator", REPLICA_OPERATORS)
+def test_every_resource_argument_an_operator_takes_has_its_description_composed(operator):
+    signature = inspect.signature(operator.__init__).parameters
+    taken = [f.name for f in fields(ReplicaResources) if RESOURCE_ARGUMENTS[f.name] in signature]
+    assert taken == list(operator.resource_arguments)
+    assert "ray_resources" in signature and "resources" not in signature  # Airflow's own, on BaseOperator
+
+
+@pytest.mark.parametrize(
+    ("operator", "field"),
+    [
+        pytest.param(op, f, id=f"{op.__name__}.{f.name}")
+        for op in REPLICA_OPERATORS
+        for f in fields(ReplicaResources)
+        if f.name in op.resource_arguments
+    ],
+)
+def test_a_resource_argument_has_the_replicas_default_type_and_description(operator, field):
+    name = RESOURCE_ARGUMENTS[field.name]
+    param = inspect.signature(operator.__init__).parameters[name]
+    assert param.default == OWN_DEFAULTS[operator].get(field.name, field.default)
+    assert param.annotation == NARROWER[operator].get(field.name, field.type)
+    # The operator's text is the field's, then what the operator adds (its own default, templated).
+    assert params(operator.__doc__)[name].startswith(params(ReplicaResources.__doc__)[field.name])
 
 
 SHARD = {"index": 0, "count": 1, "range_ids": ["a-0-10"], "rows": 10}
