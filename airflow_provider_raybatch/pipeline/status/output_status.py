@@ -21,6 +21,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from fsspec import AbstractFileSystem
+
 from airflow_provider_raybatch.pipeline.commit.commit_log import OUTPUT_SCOPE
 from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.commit.ledger import META_DIR, OutputLedger, shard_key
@@ -44,6 +46,7 @@ from airflow_provider_raybatch.pipeline.store.files import resolve
 from airflow_provider_raybatch.pipeline.summary import token_totals
 from airflow_provider_raybatch.pipeline.tables.staging import (
     GENERATION_RECORD,
+    StagedWriter,
     intents,
     partition_folder,
     staged_writers,
@@ -176,7 +179,7 @@ def read_table_status(
     started = time.perf_counter()
     fs, root = resolve(table_root, storage_options)
     statuses = []
-    for staged in staged_writers(fs, root, partition):
+    for staged in table_writers(fs, root, table_root, partition):
         display = f"{table_root.rstrip('/')}/{staged.relpath}"
         # The writer's folder holds its leases, as an output folder does.
         writer = OutputLedger(fs, f"{root}/{staged.relpath}", display)
@@ -195,12 +198,22 @@ def read_table_status(
                 read_s=round(time.perf_counter() - started, 4),
             )
         )
-    if not statuses:
+    return statuses
+
+
+def table_writers(fs: AbstractFileSystem, root: str, table_root: str, partition: dict[str, str]) -> list[StagedWriter]:
+    """The writers that staged rows for ``partition`` of the table at ``root`` (``table_root`` as
+    the user named it, for the error).
+
+    :raises OutputNotFoundError: none did.
+    """
+    writers = staged_writers(fs, root, partition)
+    if not writers:
         raise OutputNotFoundError(
             f"{table_root}: no writer of this provider staged rows for partition {partition} "
             f"(no {partition_folder(partition)}/<writer>/{META_DIR}/{GENERATION_RECORD})"
         )
-    return statuses
+    return writers
 
 
 def _read(

@@ -9,8 +9,14 @@ from collections.abc import Callable
 from airflow_provider_raybatch.pipeline.commit.verify import verify_output
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.output_ref import OutputRef
-from airflow_provider_raybatch.pipeline.status.output_status import OutputStatus, read_status, read_table_status
+from airflow_provider_raybatch.pipeline.status.output_status import (
+    OutputStatus,
+    read_status,
+    read_table_status,
+    table_writers,
+)
 from airflow_provider_raybatch.pipeline.status.rejects import RejectsSample, read_rejects
+from airflow_provider_raybatch.pipeline.store.files import resolve
 
 
 def read_output(
@@ -46,8 +52,15 @@ def read_output_rejects(output: OutputRef, limit: int | None = 20) -> list[Rejec
     :param limit: rows to read at most, per writer (None: all of them).
     :raises OutputNotFoundError: nothing of this provider there.
     """
-    paths = [s.path for s in read_output(output)] if output.is_table else [output.path]
-    return [read_rejects(path, output.storage_options, limit) for path in paths]
+    if not output.is_table:
+        return [read_rejects(output.path, output.storage_options, limit)]
+    # Only where each writer's rows are: its status (every commit record) is not needed for that.
+    fs, root = resolve(output.path, output.storage_options)
+    table_root = output.path.rstrip("/")
+    return [
+        read_rejects(f"{table_root}/{w.generation_relpath}", output.storage_options, limit)
+        for w in table_writers(fs, root, output.path, output.partition)
+    ]
 
 
 def verify(
