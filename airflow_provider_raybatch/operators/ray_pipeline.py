@@ -33,7 +33,7 @@ from airflow_provider_raybatch.operators.rendered import (
     rendered_number,
     rendered_seconds,
 )
-from airflow_provider_raybatch.pipeline.config import OUTPUT_FORMATS, BatchInferenceConfig, Stage, TableOutput
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage, TableOutput, check_output_format
 from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError
 from airflow_provider_raybatch.runners.factory import runner_for
 from airflow_provider_raybatch.version_compat import (
@@ -242,8 +242,7 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
         """The table the output is, from the (rendered) table arguments; None for a Parquet folder."""
         if self.output_format == "parquet":
             return None
-        if self.output_format not in OUTPUT_FORMATS:
-            raise ConfigError(f"output_format must be one of {OUTPUT_FORMATS}, got {self.output_format!r}")
+        check_output_format(self.output_format)
         ti = context["ti"]
         writer = f"{ti.dag_id}.{ti.task_id}" + (f".{ti.map_index}" if ti.map_index >= 0 else "")
         generation = None

@@ -34,6 +34,14 @@ BATCH_FORMATS = ("numpy", "pandas", "pyarrow")
 MODES = ("resume", "overwrite")
 #: What an output can be: a folder of Parquet files, or a table of one of the lakehouse formats.
 OUTPUT_FORMATS = ("parquet", "delta", "iceberg")
+
+
+def check_output_format(value: str, allowed: tuple[str, ...] = OUTPUT_FORMATS) -> None:
+    """Refuse an output format other than ``allowed``, naming the argument and every format."""
+    if value not in allowed:
+        raise ConfigError(f"output_format must be one of {OUTPUT_FORMATS}, got {value!r}")
+
+
 #: Seconds between a table output's commits while a run appends (see :class:`TableOutput`).
 DEFAULT_TABLE_COMMIT_INTERVAL_S = 60.0
 
@@ -196,8 +204,7 @@ class TableOutput:
     )
 
     def validate(self) -> None:
-        if self.format not in OUTPUT_FORMATS[1:]:
-            raise ConfigError(f"output_format must be one of {OUTPUT_FORMATS}, got {self.format!r}")
+        check_output_format(self.format, OUTPUT_FORMATS[1:])
         if not isinstance(self.partition, dict) or not self.partition:
             raise ConfigError(
                 f"a {self.format} output needs its partition (e.g. {{'ds': '2026-11-24'}}), got {self.partition!r}"

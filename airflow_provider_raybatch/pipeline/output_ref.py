@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.config import OUTPUT_FORMATS, BatchInferenceConfig
-from airflow_provider_raybatch.pipeline.errors import ConfigError
+from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, check_output_format
 
 
 @dataclass(frozen=True)
@@ -32,8 +31,7 @@ class OutputRef:
     storage_options: dict[str, Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.format not in OUTPUT_FORMATS:
-            raise ConfigError(f"output_format must be one of {OUTPUT_FORMATS}, got {self.format!r}")
+        check_output_format(self.format)
 
     @property
     def is_table(self) -> bool:
