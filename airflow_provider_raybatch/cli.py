@@ -319,8 +319,11 @@ def _cell(value: Any, width: int) -> str:
 
 
 def _verify(args: argparse.Namespace, output: OutputRef) -> int:
-    from airflow_provider_raybatch.pipeline.status import verify
+    from airflow_provider_raybatch.pipeline.status import read_output, verify
 
+    # A path without an output is a usage error (exit 2, as for status and rejects), not a fault of
+    # an output: found as status finds it, which raises OutputNotFoundError naming the path.
+    read_output(output)
     bar = ProgressBar(sys.stderr) if sys.stderr.isatty() and not args.json else None
     warnings: list[str] = []  # worth knowing, but no fault: the exit status ignores them
     try:

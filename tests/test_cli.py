@@ -138,10 +138,17 @@ def test_the_verifier_reports_its_progress_and_the_bar_draws_only_for_long_outpu
     assert long.getvalue().endswith(f"{PROGRESS_MIN_FILES}/{PROGRESS_MIN_FILES} files\n")
 
 
-def test_a_path_without_an_output_is_a_usage_error_naming_it(tmp_path):
-    for command in ("status", "rejects"):
-        result = cli(command, str(tmp_path / "nowhere"))
-        assert result.returncode == 2 and str(tmp_path / "nowhere") in result.stderr and "plan.json" in result.stderr
+@pytest.mark.parametrize("command", ["status", "rejects", "verify"])
+def test_a_path_without_an_output_is_a_usage_error_naming_it_for_every_command(tmp_path, command):
+    """Exit 2 and the path named, as docs/cli.md's table says: a folder and a table's partition."""
+    result = cli(command, str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and str(tmp_path / "nowhere") in result.stderr and "plan.json" in result.stderr
+    assert result.stdout == ""
+    table = cli(command, str(tmp_path), "--format", "delta", "--table-partition", "ds=2026-11-24")
+    assert table.returncode == 2 and str(tmp_path) in table.stderr and "ds" in table.stderr, table.stderr
+
+
+def test_usage_errors_exit_2(tmp_path):
     assert cli("status", str(tmp_path), "--format", "delta").returncode == 2  # a table needs --table-partition
     assert cli("frobnicate", str(tmp_path)).returncode == 2
 
