@@ -226,9 +226,9 @@ def test_changed_input_is_refused_unless_overwriting(tmp_path):
 def test_changed_settings_are_refused(tmp_path):
     write_input(tmp_path / "in", [200])
     run_batch_inference(config(tmp_path))
-    with pytest.raises(ConfigError, match=r"different settings \(rows_per_range\)"):
+    with pytest.raises(ConfigError, match=r"different settings .*: rows_per_range: 100 -> 50\. .*mode='overwrite'"):
         run_batch_inference(config(tmp_path, rows_per_range=50))
-    with pytest.raises(ConfigError, match=r"different settings \(stages\)"):
+    with pytest.raises(ConfigError, match=r"stages\[0\]\.predictor: '\S+:score' -> '\S+:SlowScore'"):
         run_batch_inference(config(tmp_path, predictor="tests.support.predictors:SlowScore"))
 
 

@@ -75,7 +75,9 @@ def test_shards_need_a_planned_output_with_the_same_input_and_settings(tmp_path)
     with pytest.raises(ConfigError, match="has not been planned: run plan_shards"):
         run_batch_inference(dataclasses.replace(cfg, range_ids=["x-0-100"]))
     (shard,) = plan_shards(cfg, 1)
-    with pytest.raises(ConfigError, match=r"planned with different settings \(stages\)"):
+    with pytest.raises(
+        ConfigError, match=r"planned with different settings .*: stages\[0\]\.predictor: .* -> '\S+:SlowScore'"
+    ):
         run_batch_inference(
             dataclasses.replace(
                 config(tmp_path, predictor="tests.support.predictors:SlowScore"), range_ids=shard.range_ids
@@ -108,7 +110,7 @@ def test_max_rows_processes_the_first_rows_once_and_is_part_of_the_job(tmp_path)
     assert np.allclose(out.sort_by("id")["score"].to_numpy(), expected.sum(axis=1), rtol=1e-5)
     assert run_batch_inference(config(tmp_path, max_rows=230)).ranges_skipped == 3
     # A full run never completes (or mixes with) a smoke run's output.
-    with pytest.raises(ConfigError, match=r"different settings \(max_rows\)"):
+    with pytest.raises(ConfigError, match=r"different settings .*: max_rows: 230 -> None"):
         run_batch_inference(config(tmp_path))
     with pytest.raises(ConfigError, match="max_rows must be an integer >= 1"):
         run_batch_inference(config(tmp_path, output_path=str(tmp_path / "o2"), max_rows=0))

@@ -61,6 +61,17 @@ def score(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"score": batch["features"].sum(axis=1)}
 
 
+class ScoreWithSettings:
+    """Scores as ``score`` does, whatever settings it is given (a model path, an engine's): for the
+    tests of what an output records of its settings."""
+
+    def __init__(self, **settings):
+        self.settings = settings
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return score(batch)
+
+
 class SlowScore:
     """Scores, sleeping per batch so that a test can kill the run part-way."""
 

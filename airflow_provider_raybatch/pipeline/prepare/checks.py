@@ -7,6 +7,7 @@ from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
 from airflow_provider_raybatch.pipeline.config import ROW_ID_COLUMN, BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError
 from airflow_provider_raybatch.pipeline.planning.planner import Plan, input_changes
+from airflow_provider_raybatch.pipeline.prepare.settings import setting_changes
 
 
 def keep_columns(config: BatchInferenceConfig, plan: Plan) -> list[str]:
@@ -51,10 +52,14 @@ def check_partition_columns(config: BatchInferenceConfig, keep: list[str]) -> No
 
 
 def differences(config: BatchInferenceConfig, plan: Plan, recorded: PlanRecord) -> tuple[str, list[str]]:
-    """How the input, and which settings of the job signature, differ from the recorded plan."""
-    changes = input_changes(recorded.input, plan)
-    job_diff = sorted(k for k, v in config.job_signature().items() if recorded.job.get(k) != v)
-    return changes, job_diff
+    """How the input differs from the recorded plan, and each setting of the job signature that does
+    (:func:`.settings.setting_changes`: ``where: recorded -> new``, secrets masked)."""
+    return input_changes(recorded.input, plan), setting_changes(recorded.job, config.job_signature())
+
+
+def settings_text(job_diff: list[str]) -> str:
+    """The settings' differences as the refusals print them (recorded value first)."""
+    return f"(recorded -> this run's): {'; '.join(job_diff)}"
 
 
 def refuse_foreign(config: BatchInferenceConfig, ledger: OutputLedger) -> None:

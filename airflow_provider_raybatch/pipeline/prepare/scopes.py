@@ -15,7 +15,7 @@ from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputChangedError
 from airflow_provider_raybatch.pipeline.planning.planner import Plan
-from airflow_provider_raybatch.pipeline.prepare.checks import differences, refuse_foreign
+from airflow_provider_raybatch.pipeline.prepare.checks import differences, refuse_foreign, settings_text
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,9 @@ def open_whole_output(
             )
         elif job_diff:
             raise ConfigError(
-                f"output {config.output_path!r} was started with different settings ({', '.join(job_diff)}); "
-                "mixing results is refused. Use mode='overwrite' or another output path."
+                f"output {config.output_path!r} was started with different settings {settings_text(job_diff)}. "
+                "Mixing results is refused: use mode='overwrite' (which starts the output afresh) "
+                "or another output path."
             )
     else:
         refuse_foreign(config, ledger)
@@ -99,8 +100,8 @@ def open_shard_ranges(
         )
     if job_diff:
         raise ConfigError(
-            f"output {config.output_path!r} was planned with different settings ({', '.join(job_diff)}): "
-            "the planning task and the shards' tasks must be given the same arguments"
+            f"output {config.output_path!r} was planned with different settings {settings_text(job_diff)}. "
+            "The planning task and the shards' tasks must be given the same arguments."
         )
     wanted = set(config.range_ids or ())
     committed = {range_id: r for range_id, r in ledger.committed().items() if range_id in wanted}
