@@ -21,6 +21,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, Param
 
+from airflow_provider_raybatch.examples.demo_input import require_demo_input
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
@@ -71,6 +72,14 @@ with DAG(
             description="Smoke run: score only the first N rows, written to smoke/<ds>-first-N/ "
             "(never into the date's real output)",
         ),
+        "mode": Param(
+            "resume",
+            type="string",
+            enum=["resume", "overwrite"],
+            description="resume: keep what the date's output already holds and score only the rest (a rerun of a "
+            "finished date does nothing); overwrite: delete the date's output and score it all again (after changing "
+            "the model or another setting, which resume refuses)",
+        ),
     },
     tags=["raybatch", "example"],
 ) as dag:
@@ -80,6 +89,7 @@ with DAG(
         output_path="{{ params.data_root }}/"
         "{% if params.row_limit %}smoke/{{ ds }}-first-{{ params.row_limit }}{% else %}output/{{ ds }}{% endif %}/",
         max_rows="{{ params.row_limit }}",
+        mode="{{ params.mode }}",
         predictor="airflow_provider_raybatch.predictors.torch:TorchPredictor",
         predictor_kwargs={
             "model_class": "airflow_provider_raybatch.examples.digits:DigitsMLP",
@@ -98,4 +108,6 @@ with DAG(
         # GPUs are bounded by an Airflow pool (one slot per task) and by tasks at once per DAG.
         pool=os.environ.get("RAYBATCH_POOL", "raybatch_gpu"),
         max_active_tis_per_dag=2,
+        # A date the demo did not prepare fails before Ray starts, naming the command that prepares it.
+        pre_execute=require_demo_input("digits", "demo"),
     )

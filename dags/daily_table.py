@@ -19,6 +19,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, Param, task
 
+from airflow_provider_raybatch.examples.demo_input import require_demo_input
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
@@ -47,7 +48,9 @@ with DAG(
             "resume",
             type="string",
             enum=["resume", "overwrite"],
-            description="resume: add what the date lacks; overwrite: replace the date's rows in one commit",
+            description="resume: add only the rows the date's partition lacks (a rerun of a finished date commits "
+            "nothing); overwrite: replace the date's rows in one commit (after changing the model or another setting, "
+            "which resume refuses); other dates are never touched",
         ),
     },
     tags=["raybatch", "example"],
@@ -73,6 +76,7 @@ with DAG(
         id_column="id",
         rows_per_range=200,
         asset=TABLE,
+        pre_execute=require_demo_input("digits", "demo"),
     )
     # [END table_operator]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, Param
 
+from airflow_provider_raybatch.examples.demo_input import require_demo_input
 from airflow_provider_raybatch.operators.llm_batch_inference import LLMBatchInferenceOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
@@ -74,6 +75,14 @@ with DAG(
         ),
         "batch_size": Param(64, type="integer", minimum=1, maximum=4096, description="Companies per engine call"),
         "engine_kwargs": Param({}, type="object", description='Engine settings, e.g. {"max_model_len": 4096} for vLLM'),
+        "mode": Param(
+            "resume",
+            type="string",
+            enum=["resume", "overwrite"],
+            description="resume: keep what the output already holds and answer only the rest (a rerun "
+            "of a finished run does nothing); overwrite: delete the output and answer it all again (after "
+            "changing the model, the prompt or another setting, which resume refuses)",
+        ),
     },
     tags=["raybatch", "example", "llm"],
 ) as dag:
@@ -94,5 +103,7 @@ with DAG(
         keep_columns=["Company", "true_industry"],
         id_column="id",
         rows_per_range=100,
+        mode="{{ params.mode }}",
         asset=COMPANY_INDUSTRIES,
+        pre_execute=require_demo_input("llm_data", "demo-llm"),
     )

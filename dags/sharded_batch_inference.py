@@ -15,6 +15,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, Param, task
 
+from airflow_provider_raybatch.examples.demo_input import require_demo_input
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
@@ -43,6 +44,14 @@ with DAG(
             pattern=PATH_PATTERN,
             description="Absolute folder or s3:// prefix holding model/, input/<ds>/ and output-sharded/<ds>/",
         ),
+        "mode": Param(
+            "resume",
+            type="string",
+            enum=["resume", "overwrite"],
+            description="resume: keep what the date's output already holds and score only the rest (a rerun of a "
+            "finished date does nothing); overwrite: delete the date's output and score it all again (after changing "
+            "the model or another setting, which resume refuses)",
+        ),
     },
     tags=["raybatch", "example"],
 ) as dag:
@@ -62,7 +71,14 @@ with DAG(
         "id_column": "id",
         "rows_per_range": 100,
     }
-    plan = RayBatchInferenceOperator(task_id="plan_ranges", plan_shards=3, **common)
+    # The planning task applies the mode (the shards' tasks only check the plan it recorded).
+    plan = RayBatchInferenceOperator(
+        task_id="plan_ranges",
+        plan_shards=3,
+        mode="{{ params.mode }}",
+        pre_execute=require_demo_input("digits", "demo"),
+        **common,
+    )
     predict = RayBatchInferenceOperator.partial(
         task_id="predict_shard",
         pool=os.environ.get("RAYBATCH_POOL", "raybatch_gpu"),

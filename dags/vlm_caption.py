@@ -20,6 +20,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, Param
 
+from airflow_provider_raybatch.examples.demo_input import require_demo_input
 from airflow_provider_raybatch.operators.vlm_caption import VLMCaptionOperator
 
 DEFAULT_ROOT = os.environ.get("RAYBATCH_DEMO_ROOT", str(Path(__file__).resolve().parents[1] / ".demo"))
@@ -69,6 +70,14 @@ with DAG(
             description="Generation settings passed to the engine, e.g. temperature and max_tokens",
         ),
         "engine_kwargs": Param({}, type="object", description='Engine settings, e.g. {"max_model_len": 8192} for vLLM'),
+        "mode": Param(
+            "resume",
+            type="string",
+            enum=["resume", "overwrite"],
+            description="resume: keep what the date's output already holds and answer only the rest (a rerun "
+            "of a finished date does nothing); overwrite: delete the date's output and answer it all again (after "
+            "changing the model, the prompt or another setting, which resume refuses)",
+        ),
     },
     tags=["raybatch", "example", "llm"],
 ) as dag:
@@ -88,5 +97,8 @@ with DAG(
         keep_columns=["label"],
         id_column="id",
         rows_per_range=32,
+        mode="{{ params.mode }}",
         asset=CAPTIONS,
+        # A date the demo did not prepare fails before Ray starts, naming the command that prepares it.
+        pre_execute=require_demo_input("llm_data", "demo-llm"),
     )

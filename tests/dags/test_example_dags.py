@@ -89,10 +89,62 @@ def test_every_example_dag_is_documented_typed_announced_and_retried(dagbag):
     assert all(writers[d] for d in EXPECTED_DAGS - {"digits_accuracy_report"}), writers  # the check checked
 
 
+def test_every_writing_dag_has_a_mode_param_its_writer_is_given(dagbag):
+    """The refusal of changed settings says: use mode='overwrite'. The trigger form offers it: a
+    ``mode`` Param of the operator's modes, its default the operator's, described, and passed on."""
+    import inspect
+
+    from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
+    from airflow_provider_raybatch.pipeline.config import MODES
+
+    default = inspect.signature(RayPipelineOperator.__init__).parameters["mode"].default
+    missing = []
+    for dag_id, dag in sorted(dagbag.dags.items()):
+        writers = [t for t in dag.tasks if output_path(t)]
+        if not writers:
+            continue
+        param = dict(dag.params.items()).get("mode")
+        if param is None:
+            missing.append(f"{dag_id}: no mode Param")
+            continue
+        if (param.value, param.schema.get("enum")) != (default, list(MODES)):
+            missing.append(f"{dag_id}: mode Param {param.value!r} of {param.schema.get('enum')}")
+        if not ("resume:" in param.description and "overwrite:" in param.description):
+            missing.append(f"{dag_id}: the mode Param does not say what each mode does to the output")
+        if not any(getattr(t, "mode", None) == "{{ params.mode }}" for t in writers):
+            missing.append(f"{dag_id}: no writer is given mode={{{{ params.mode }}}}")
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "folder", "command"),
+    [
+        ("daily_batch_inference", "input", "airflow_provider_raybatch.examples.digits prepare"),
+        ("vlm_caption", "images", "airflow_provider_raybatch.examples.llm_data prepare"),
+    ],
+)
+@pytest.mark.usefixtures("airflow_db")
+def test_a_date_the_demo_did_not_prepare_fails_at_once_naming_the_command_that_prepares_it(
+    tmp_path, capfd, dag_id, folder, command
+):
+    """As a DAG unpaused from the trigger form runs its own date: one try, no Ray, the fix in the error."""
+    day = datetime(2026, 11, 28, tzinfo=UTC)
+    run = run_dag(load_dag(dag_id), day, conf={"data_root": str(tmp_path)})
+    (ti,) = run.get_task_instances()
+    assert (ti.state, ti.try_number) == ("failed", 1)  # not retried: the data will not appear by itself
+    logs = "".join(capfd.readouterr())
+    assert f"input path '{tmp_path}/{folder}/2026-11-28/' does not exist" in logs
+    assert f"python -m {command} --root {tmp_path} --date 2026-11-28" in logs
+    assert list(tmp_path.iterdir()) == []  # nothing written, no output folder made
+
+
 @pytest.mark.parametrize(
     ("dag_id", "bad"),
     [
-        ("vlm_caption", {"data_root": "relative/folder", "engine": "sglang", "batch_size": 0, "concurrency": 17}),
+        (
+            "vlm_caption",
+            {"data_root": "relative/folder", "engine": "sglang", "batch_size": 0, "concurrency": 17, "mode": "replace"},
+        ),
         (
             "llm_classify",
             {
@@ -102,6 +154,7 @@ def test_every_example_dag_is_documented_typed_announced_and_retried(dagbag):
                 "batch_size": "many",
                 "engine_kwargs": [],
                 "num_gpus": -1,
+                "mode": "",
             },
         ),
     ],
@@ -141,6 +194,7 @@ def test_daily_params_are_typed_described_and_validated():
         "row_limit": 0,
         "data_root": "relative/folder",
         "model_path": "model.safetensors",
+        "mode": "append",
     }
     for name, value in bad.items():
         params = copy.deepcopy(dag.params)
