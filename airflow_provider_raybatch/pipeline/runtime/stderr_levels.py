@@ -7,7 +7,8 @@ object store while it may be restarted (ray-project/ray#53727): Ray Data starts 
 stage that way (its data context and the stage's function travel as object references, and
 ``max_restarts`` is -1, which the replicas' restarts after a node's loss need), and keeps those
 objects for as long as the stage runs, so for this pipeline the warning is moot. The provider
-controls neither condition, and Ray has no switch for that one line.
+could only make it go away by turning those restarts off, and Ray's only switch,
+``RAY_BACKEND_LOG_LEVEL``, would silence every error of the core worker with it.
 
 While :func:`ray_stderr_at_level` is entered, file descriptor 2 is a pipe read by a small process
 of its own (this file, run as a script): a line in :data:`HARMLESS_RAY_LINES` goes on to stdout,
