@@ -44,6 +44,7 @@ from airflow_provider_raybatch.pipeline.prepare import PreparedRun, prepare
 from airflow_provider_raybatch.pipeline.resources import AUTO, READ_CPUS, auto_replicas, wait_for_cluster_resources
 from airflow_provider_raybatch.pipeline.runtime.driver_logs import route_ray_data_logs
 from airflow_provider_raybatch.pipeline.runtime.local_ray import prestart_workers, ray_session
+from airflow_provider_raybatch.pipeline.runtime.stderr_levels import ray_stderr_at_level
 from airflow_provider_raybatch.pipeline.summary import Progress, RunSummary
 
 if TYPE_CHECKING:
@@ -247,7 +248,7 @@ def _stream(
         )
     watchdog = Watchdog(config.progress_timeout, commits.progress, config.stages, ds)
     try:
-        with commits.progress.clock(scored), watchdog:
+        with commits.progress.clock(scored), watchdog, ray_stderr_at_level():
             try:
                 # No prefetching: with it, Ray Data's iterator hands on a block only once the next
                 # ones exist, so each range's commit waited for two more ranges to be written

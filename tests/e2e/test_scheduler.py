@@ -62,6 +62,8 @@ COMPONENTS = {
 }
 WAIT_S = 480  # per run: generous, other test suites may share the machine's two cores
 PARALLELISM = 4  # LocalExecutor's task processes at once (AIRFLOW__CORE__PARALLELISM)
+#: The levels of the log lines that Airflow's UI shows as errors (its log viewer colours a line by its level).
+ERROR_LEVELS = ("error", "critical")
 
 
 class Airflow:
@@ -138,6 +140,24 @@ class Airflow:
     def task_log(self, run_id: str, try_number: int) -> str:
         folder = self.home / "logs" / f"dag_id={DAG_ID}" / f"run_id={run_id}" / f"task_id={TASK_ID}"
         return (folder / f"attempt={try_number}.log").read_text()
+
+    def log_lines(self, run_id: str, try_number: int, dag_id: str = DAG_ID, task_id: str = TASK_ID) -> list[dict]:
+        """A try's log as the UI reads it: the API's structured lines, each with its level (the UI's colour)."""
+        path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}"
+        response = self.call("GET", path, params={"full_content": True}, headers={"Accept": "application/json"})
+        return [line for line in response.json()["content"] if isinstance(line, dict)]
+
+    def error_lines(self, run_id: str, try_number: int, **kwargs: str) -> list[str]:
+        """The lines of a try's log that the UI shows as errors, with their exceptions as it shows them."""
+        lines = self.log_lines(run_id, try_number, **kwargs)
+        return [
+            " ".join(
+                [f"{line.get('logger')}: {line['event']}"]
+                + [f"{e['exc_type']}: {e['exc_value']}" for e in line.get("error_detail", [])]
+            )
+            for line in lines
+            if line.get("level") in ERROR_LEVELS
+        ]
 
     def logs(self, lines: int = 40) -> str:
         """The tails of the components' logs and of the task logs, to see why a wait failed."""
@@ -247,6 +267,9 @@ def test_a_killed_first_try_is_retried_by_airflow_and_resumes(airflow):
     assert f"2 of 3 ranges to process ({summary['rows_processed']} rows); 1 already committed" in second
     assert "Committed 3/3 ranges, 597/597 rows, " in second and "s left" in second
     assert "\u2588" not in second  # no progress bars in task logs
+    # The successful try's log, as the UI shows it, has no error line: not Ray's core worker line
+    # about the replicas' constructor arguments (pipeline/runtime/stderr_levels.py), nor any other.
+    assert airflow.error_lines("e2e_retry", 2) == [], airflow.logs()
     # Both tries ran on the host's shared Ray: the first started it, the retry found it warm.
     assert "Starting the shared local Ray" in first and "Connected to the shared local Ray" in first
     assert "Connected to the shared local Ray" in second and "Starting the shared local Ray" not in second
@@ -367,6 +390,9 @@ def test_a_missing_input_fails_the_task_at_once_without_retries(airflow):
     ti = airflow.task_instance("e2e_missing")
     assert run["state"] == "failed" and ti["state"] == "failed" and ti["try_number"] == 1  # retries=2, not used
     assert f"input path '{airflow.data}/input/2026-11-07/' does not exist" in airflow.task_log("e2e_missing", 1)
+    # A real error still shows as one.
+    errors = airflow.error_lines("e2e_missing", 1)
+    assert any(f"input path '{airflow.data}/input/2026-11-07/' does not exist" in line for line in errors), errors
     assert not (airflow.data / "output" / "2026-11-07").exists()
 
 

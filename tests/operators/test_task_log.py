@@ -24,22 +24,15 @@ pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
 LOGICAL_DATE = datetime(2026, 11, 20, tzinfo=UTC)
 #: A line Airflow's structlog console renders at ERROR or CRITICAL level.
 ERROR_LEVEL = re.compile(r"\[(error|critical)\s*\]")
-#: The one line left (see pipeline/runtime/driver_logs.py): Ray's C++ core worker in the driver
-#: copies it to stderr at every replica's start (ray-project/ray#53727), with no way to turn it off
-#: but one that writes a line of its own.
-RAY_CORE_WORKER_LINE = re.compile(
-    r"core_worker\.cc:\d+: Actor with class name: .* has constructor arguments in the object"
-)
 #: The GCS's error lines, which Ray forwards to every driver of the cluster: a line there may come
 #: from another task on the shared Ray (CI once: "Failed to kill actor ..., Socket closed", an
-#: actor whose process had already ended). See pipeline/runtime/driver_logs.py.
+#: actor whose process had already ended). See pipeline/runtime/stderr_levels.py.
 RAY_GCS_LINE = re.compile(r"\(pid=gcs_server\)")
 
 
 def error_lines(caplog: pytest.LogCaptureFixture, out: str, err: str) -> list[str]:
-    """Every line that a worker's task log would show at ERROR level or above (but Ray's known ones)."""
-    known = (RAY_CORE_WORKER_LINE, RAY_GCS_LINE)
-    lines = [f"stderr: {line}" for line in err.splitlines() if line.strip() and not any(k.search(line) for k in known)]
+    """Every line that a worker's task log would show at ERROR level or above (but the GCS's: see above)."""
+    lines = [f"stderr: {line}" for line in err.splitlines() if line.strip() and not RAY_GCS_LINE.search(line)]
     lines += [line for line in out.splitlines() if ERROR_LEVEL.search(line)]
     lines += [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
     return lines
@@ -67,7 +60,8 @@ def test_a_successful_run_logs_no_error_and_ray_data_at_its_own_level(tmp_path, 
         run = run_dag(dag, LOGICAL_DATE)
     out, err = capfd.readouterr()
     assert run.get_task_instance("score").state == "success"
-    # No red line: no stderr (Ray Data's console, the core worker's C++ errors), no ERROR record
+    # No red line: no stderr (Ray Data's console, the core worker's line about the replicas'
+    # constructor arguments, which goes to stdout), no ERROR record
     # (Airflow's "XCom not found" for the job link of a run without a Ray job).
     assert error_lines(caplog, out, err) == []
     assert "XCom not found" not in out

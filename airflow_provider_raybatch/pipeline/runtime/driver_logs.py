@@ -8,12 +8,11 @@ so the task log shows them as what they are. Ray Data's own file handler stays: 
 DEBUG included, is in the Ray session's ``logs/ray-data/`` folder, whose path the "Starting
 execution" line names.
 
-Not handled here: the driver's C++ core worker copies its ERROR lines to stderr besides its log
-file, and on every run one says that a replica's constructor arguments are in the object store
-while it may be restarted (ray-project/ray#53727), which is how Ray Data starts every replica.
-Ray's only knob, ``RAY_BACKEND_LOG_LEVEL``, prints a line of its own to stderr when set. Nor the
-GCS's error lines, which Ray forwards to every driver of the cluster, as ``(pid=gcs_server)``
-lines: on a shared Ray, such a line may come from another task.
+What Ray writes to the driver's file descriptor 2 itself (its C++ core worker's ERROR lines, the
+GCS's ``(pid=gcs_server)`` lines that Ray forwards to every driver) is sorted by level in
+:mod:`.stderr_levels`: there, the core worker's line about the replicas' constructor arguments
+(ray-project/ray#53727) is the one known to be harmless; every other line stays an error (on a
+shared Ray, a GCS line may come from another task).
 """
 
 from __future__ import annotations
