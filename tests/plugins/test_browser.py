@@ -147,12 +147,9 @@ def test_a_user_logs_in_and_sees_a_running_tasks_progress_advance(tmp_path, api_
     writer = RangeByRangeWriter(str(output), f"{DAG_ID}/{RUN_ID}/{TASK_ID}/-1", ranges=RANGES, interval_s=INTERVAL_S)
     with writer:
         log_in(browser, api_server)
-        frame = open_tab(browser, api_server, f"runs/{quote(RUN_ID, safe='')}/tasks/{TASK_ID}/plugin/raybatch-output")
+        frame, text = ti_tab(browser, api_server, RUN_ID)
         first = wait_for("the progress bar", lambda: _fraction(browser), 60)
         assert 0 < first < 1
-        text = wait_for(
-            "the lease holder", lambda: (t := browser.find_element(By.ID, "root").text) and "held" in t and t
-        )
         assert "running" in text and "held" in text and f"{DAG_ID} / {RUN_ID} / {TASK_ID}" in text
         assert "tokens in / out (committed rows)" in browser.find_element(By.ID, "tokens").text
         # What the bar's colours and the ranges' strip mean, in words, and plurals that agree.
@@ -162,13 +159,11 @@ def test_a_user_logs_in_and_sees_a_running_tasks_progress_advance(tmp_path, api_
         # The bar's label is the page's text colour (on a halo), not white on the grey of what is left.
         label = browser.find_element(By.CSS_SELECTOR, "#rows-bar .label").value_of_css_property("color")
         assert label not in ("rgba(255, 255, 255, 1)", "rgb(255, 255, 255)"), label
-        shots = [screenshot(browser, "task-instance-1.png")]
-        browser.switch_to.frame(frame)
+        shots = [screenshot(browser, "task-instance-1.png", frame)]
 
         # The page refreshes itself every few seconds while the task runs.
         second = wait_for("the bar to advance", lambda: (f := _fraction(browser)) > first + 0.05 and f, 60)
-        shots.append(screenshot(browser, "task-instance-2.png"))
-        browser.switch_to.frame(frame)
+        shots.append(screenshot(browser, "task-instance-2.png", frame))
 
         # The verifier's answer on a running output: not done yet, calmly, kept over two refreshes.
         browser.execute_script("document.getElementById('verify').click()")
@@ -180,8 +175,7 @@ def test_a_user_logs_in_and_sees_a_running_tasks_progress_advance(tmp_path, api_
         wait_for("two refreshes", lambda: _draws(browser) >= draws + 2, 30)
         assert _verdict(browser) == verdict
         browser.execute_script("document.getElementById('verify-box').scrollIntoView({block: 'center'})")
-        shots.append(screenshot(browser, "verify-running.png"))
-        browser.switch_to.frame(frame)
+        shots.append(screenshot(browser, "verify-running.png", frame))
         browser.execute_script("document.getElementById('dismiss').click()")
         assert _verdict(browser) is None
 
@@ -219,9 +213,19 @@ def log_in(browser, url: str) -> None:
     wait_for("the login", lambda: any(c["name"] == "_token" for c in browser.get_cookies()), 60)
 
 
+def ti_tab(browser, url: str, run_id: str, task_id: str = TASK_ID):
+    """Open a task instance's tab, wait until its view has drawn what it read, and return its frame
+    (the browser left inside it) and the view's text."""
+    from selenium.webdriver.common.by import By
+
+    frame = open_tab(browser, url, f"runs/{quote(run_id, safe='')}/tasks/{task_id}/plugin/raybatch-output")
+    wait_for("the view's figures", lambda: browser.find_elements(By.ID, "read-at"), 60)
+    return frame, browser.find_element(By.ID, "root").text
+
+
 def open_tab(browser, url: str, route: str):
-    """Open the plugin's tab at ``route`` of a DAG's pages (``runs/<run>/tasks/<task>/plugin/raybatch-output``
-    for a task instance's), switch into its frame once the view has drawn, and return the frame."""
+    """Open the plugin's tab at ``route`` of a DAG's pages, switch into its frame once the view has
+    drawn, and return the frame."""
     from selenium.webdriver.common.by import By
 
     browser.get(f"{url}/dags/{DAG_ID}/{route}")
@@ -231,11 +235,14 @@ def open_tab(browser, url: str, route: str):
     return frame
 
 
-def screenshot(browser, name: str) -> Path:
-    """The whole page (Airflow's and the tab's) under :data:`SCREENSHOTS`; the browser left outside the frame."""
+def screenshot(browser, name: str, frame=None) -> Path:
+    """The whole page (Airflow's and the tab's) under :data:`SCREENSHOTS`; the browser left inside
+    ``frame`` if given, else outside the tab's frame."""
     browser.switch_to.default_content()
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     browser.save_screenshot(str(SCREENSHOTS / name))
+    if frame is not None:
+        browser.switch_to.frame(frame)
     return SCREENSHOTS / name
 
 
