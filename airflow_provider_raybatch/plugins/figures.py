@@ -159,7 +159,9 @@ def summary_lines(outputs: list[ResolvedOutput]) -> list[dict[str, Any]]:
 
 
 def verify(output: ResolvedOutput, timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
-    """Run the verifier on ``output`` in a worker thread; its faults, or that it ran out of time.
+    """Run the verifier on ``output`` in a worker thread; its faults, that the output is not
+    finished yet (``unfinished``: no verdict, what is done so far in ``message``), or that it ran
+    out of time.
 
     :param output: the resolved output (a Parquet folder, or a table's partition).
     :param timeout_s: seconds to wait for the verdict (the check goes on in its thread, its result unused).
@@ -169,15 +171,34 @@ def verify(output: ResolvedOutput, timeout_s: float = VERIFY_TIMEOUT_S) -> dict[
     started = time.perf_counter()
     future = _verifier.submit(_verify, output)
     try:
-        faults = future.result(timeout=timeout_s)
+        answer = future.result(timeout=timeout_s)
     except concurrent.futures.TimeoutError:
         return {"ok": None, "faults": [], "message": f"the verifier did not finish within {timeout_s:g} s"}
     except RayBatchError as e:
         return {"ok": False, "faults": [], "message": str(e)}
-    return {"ok": not faults, "faults": faults, "seconds": round(time.perf_counter() - started, 3)}
+    return {**answer, "seconds": round(time.perf_counter() - started, 3)}
 
 
-def _verify(output: ResolvedOutput) -> list[str]:
-    from airflow_provider_raybatch.pipeline.status import verify
+def _verify(output: ResolvedOutput) -> dict[str, Any]:
+    """The verifier's verdict on a finished output; on an unfinished one, no verdict (its missing
+    ranges are no fault yet) and none of the verifier's reading of every file."""
+    from airflow_provider_raybatch.pipeline.status import read_output, verify
 
-    return verify(output_ref(output))
+    # An unfinished output's state in words, the first one found of its writers' (a table's) in this order.
+    not_done = {"running": "running", "partial": "stopped part-way, no writer running", "not started": "not started"}
+    ref = output_ref(output)
+    statuses = read_output(ref)
+    states = {s.state for s in statuses}
+    state = next((s for s in not_done if s in states), None)
+    if state is not None:
+        committed = sum(s.ranges_committed for s in statuses)
+        planned = sum(s.ranges_planned for s in statuses)
+        return {
+            "ok": None,
+            "unfinished": True,
+            "faults": [],
+            "message": f"not done yet ({not_done[state]}): {committed:,} of {planned:,} planned ranges "
+            "committed; the verifier checks a finished output",
+        }
+    faults = verify(ref)
+    return {"ok": not faults, "faults": faults}

@@ -18,11 +18,13 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 import requests
 
+from benchmarks.status import ROWS_PER_RANGE
 from tests.conftest import free_port
 from tests.support.data import write_input
 from tests.support.pipeline_runs import REPO
@@ -40,9 +42,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.servers, pytest.mark.usefixtures("ai
 DAG_ID = "ui_browser"
 LOGICAL_DATE = datetime(2026, 11, 22, tzinfo=UTC)
 RUN_ID = f"manual__{LOGICAL_DATE.isoformat()}"
+#: A DAG run that never happened: its task instance's tab has no output to show.
+NOT_RUN_ID = "manual__2030-01-01T00:00:00+00:00"
 SCREENSHOTS = REPO / ".cache" / "ui-screenshots"
-#: The output the test's writer commits: ranges, one every INTERVAL_S seconds.
-RANGES = 100
+#: The output the test's writer commits: ranges, one every INTERVAL_S seconds (more than the test waits for).
+RANGES = 150
 INTERVAL_S = 1.0
 
 
@@ -142,54 +146,123 @@ def test_a_user_logs_in_and_sees_a_running_tasks_progress_advance(tmp_path, api_
     shutil.rmtree(output)
     writer = RangeByRangeWriter(str(output), f"{DAG_ID}/{RUN_ID}/{TASK_ID}/-1", ranges=RANGES, interval_s=INTERVAL_S)
     with writer:
-        # Log in through the simple auth manager's form.
-        browser.get(f"{api_server}/auth/login")
-        wait_for("the login form", lambda: browser.find_elements(By.NAME, "username"), 60)
-        browser.find_element(By.NAME, "username").send_keys("admin")
-        browser.find_element(By.NAME, "password").send_keys("admin-password")
-        browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        wait_for("the login", lambda: any(c["name"] == "_token" for c in browser.get_cookies()), 60)
-
-        # The task instance page's tab of the plugin.
-        browser.get(f"{api_server}/dags/{DAG_ID}/runs/{quote(RUN_ID, safe='')}/tasks/{TASK_ID}/plugin/raybatch-output")
-        frame = wait_for("the view's frame", lambda: browser.find_elements(By.TAG_NAME, "iframe"), 60)[0]
-        browser.switch_to.frame(frame)
+        log_in(browser, api_server)
+        frame, text = ti_tab(browser, api_server, RUN_ID)
         first = wait_for("the progress bar", lambda: _fraction(browser), 60)
         assert 0 < first < 1
-        text = wait_for(
-            "the lease holder", lambda: (t := browser.find_element(By.ID, "root").text) and "held" in t and t
-        )
         assert "running" in text and "held" in text and f"{DAG_ID} / {RUN_ID} / {TASK_ID}" in text
         assert "tokens in / out (committed rows)" in browser.find_element(By.ID, "tokens").text
-        browser.switch_to.default_content()
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shots = [SCREENSHOTS / "task-instance-1.png", SCREENSHOTS / "task-instance-2.png"]
-        browser.save_screenshot(str(shots[0]))
+        # What the bar's colours and the ranges' strip mean, in words, and plurals that agree.
+        assert _text(browser, "rows-legend") == "rows: written rejected not done yet"
+        assert _text(browser, "ranges-legend") == f"{RANGES} planned ranges, in plan order: committed not committed"
+        assert _text(browser, "plan-size") == f"1 file, {RANGES} ranges, {RANGES * ROWS_PER_RANGE:,} rows"
+        # The bar's label is the page's text colour (on a halo), not white on the grey of what is left.
+        label = browser.find_element(By.CSS_SELECTOR, "#rows-bar .label").value_of_css_property("color")
+        assert label not in ("rgba(255, 255, 255, 1)", "rgb(255, 255, 255)"), label
+        shots = [screenshot(browser, "task-instance-1.png", frame)]
 
-        browser.switch_to.frame(frame)
         # The page refreshes itself every few seconds while the task runs.
         second = wait_for("the bar to advance", lambda: (f := _fraction(browser)) > first + 0.05 and f, 60)
-        browser.switch_to.default_content()
-        browser.save_screenshot(str(shots[1]))
+        shots.append(screenshot(browser, "task-instance-2.png", frame))
+
+        # The verifier's answer on a running output: not done yet, calmly, kept over two refreshes.
+        browser.execute_script("document.getElementById('verify').click()")
+        verdict = wait_for("the verifier's answer", lambda: (v := _verdict(browser)) and "verifying" not in v[0] and v)
+        assert verdict[0].startswith("not done yet (running): "), verdict
+        assert "planned ranges committed; the verifier checks a finished output" in verdict[0], verdict
+        assert "fault" not in verdict[0] and "fault" not in verdict[1], verdict
+        draws = _draws(browser)
+        wait_for("two refreshes", lambda: _draws(browser) >= draws + 2, 30)
+        assert _verdict(browser) == verdict
+        browser.execute_script("document.getElementById('verify-box').scrollIntoView({block: 'center'})")
+        shots.append(screenshot(browser, "verify-running.png", frame))
+        browser.execute_script("document.getElementById('dismiss').click()")
+        assert _verdict(browser) is None
 
         # The DAG run's and the DAG's tabs: the task's line, and its date's cell, running.
         for route, element, shot in (
             (f"runs/{quote(RUN_ID, safe='')}/plugin/raybatch-run", "lines", "dag-run.png"),
             ("plugin/raybatch-dag", "dag-grid", "dag.png"),
         ):
-            browser.get(f"{api_server}/dags/{DAG_ID}/{route}")
-            frame = wait_for("the view's frame", lambda: browser.find_elements(By.TAG_NAME, "iframe"), 60)[0]
-            browser.switch_to.frame(frame)
+            open_tab(browser, api_server, route)
             table = wait_for(f"#{element}", lambda e=element: browser.find_elements(By.ID, e), 60)[0]
             assert TASK_ID in table.text
             assert browser.find_elements(By.CSS_SELECTOR, f"#{element} [data-state=running], #{element} .s-running")
-            browser.switch_to.default_content()
-            browser.save_screenshot(str(SCREENSHOTS / shot))
-            shots.append(SCREENSHOTS / shot)
-    print(f"\nscreenshots: {shots[0]} ({first:.0%}), {shots[1]} ({second:.0%}), {shots[2]}, {shots[3]}")
+            shots.append(screenshot(browser, shot))
+
+    # A task instance that has not run: where its output goes is not known yet, and it says so.
+    browser.get(f"{api_server}/raybatch/ti/{DAG_ID}/{quote(NOT_RUN_ID, safe='')}/{TASK_ID}")
+    header = wait_for("the header", lambda: browser.find_elements(By.CSS_SELECTOR, "#root h1 + p"), 60)[0].text
+    assert "output path not known yet" in header and "?" not in header, header
+    assert "?" not in _text(browser, "read-at")
+    print(f"\nscreenshots: {', '.join(str(s) for s in shots)} (bar at {first:.0%}, then {second:.0%})")
     print(f"browser test: {time.monotonic() - started:.0f} s")
     assert 0 < first < second
     assert all(s.stat().st_size > 10_000 for s in shots)
+
+
+def log_in(browser, url: str) -> None:
+    """Log in as admin through the simple auth manager's form."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{url}/auth/login")
+    wait_for("the login form", lambda: browser.find_elements(By.NAME, "username"), 60)
+    browser.find_element(By.NAME, "username").send_keys("admin")
+    browser.find_element(By.NAME, "password").send_keys("admin-password")
+    browser.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait_for("the login", lambda: any(c["name"] == "_token" for c in browser.get_cookies()), 60)
+
+
+def ti_tab(browser, url: str, run_id: str, task_id: str = TASK_ID):
+    """Open a task instance's tab, wait until its view has drawn what it read, and return its frame
+    (the browser left inside it) and the view's text."""
+    from selenium.webdriver.common.by import By
+
+    frame = open_tab(browser, url, f"runs/{quote(run_id, safe='')}/tasks/{task_id}/plugin/raybatch-output")
+    wait_for("the view's figures", lambda: browser.find_elements(By.ID, "read-at"), 60)
+    return frame, browser.find_element(By.ID, "root").text
+
+
+def open_tab(browser, url: str, route: str):
+    """Open the plugin's tab at ``route`` of a DAG's pages, switch into its frame once the view has
+    drawn, and return the frame."""
+    from selenium.webdriver.common.by import By
+
+    browser.get(f"{url}/dags/{DAG_ID}/{route}")
+    frame = wait_for("the view's frame", lambda: browser.find_elements(By.TAG_NAME, "iframe"), 60)[0]
+    browser.switch_to.frame(frame)
+    wait_for("the view", lambda: _draws(browser) or browser.find_elements(By.CSS_SELECTOR, "#root table, #root h1"), 60)
+    return frame
+
+
+def screenshot(browser, name: str, frame=None) -> Path:
+    """The whole page (Airflow's and the tab's) under :data:`SCREENSHOTS`; the browser left inside
+    ``frame`` if given, else outside the tab's frame."""
+    browser.switch_to.default_content()
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    browser.save_screenshot(str(SCREENSHOTS / name))
+    if frame is not None:
+        browser.switch_to.frame(frame)
+    return SCREENSHOTS / name
+
+
+def _text(browser, element_id: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return browser.find_element(By.ID, element_id).text
+
+
+def _draws(browser) -> int:
+    """How many times the task instance's view has drawn itself (it counts its refreshes)."""
+    return int(browser.execute_script("return document.getElementById('root').dataset.draws || 0"))
+
+
+def _verdict(browser) -> tuple[str, str] | None:
+    """The verifier's answer on the page (its text and class), read at once (the page may be redrawing)."""
+    answer = browser.execute_script(
+        "const v = document.getElementById('verdict'); return v ? [v.textContent, v.className] : null"
+    )
+    return tuple(answer) if answer else None
 
 
 def _fraction(browser) -> float:

@@ -170,18 +170,32 @@ def give_dag_to_team(dag_id: str, team: str, other_teams: tuple[str, ...] = ("te
         model.bundle_name = bundle_name
 
 
+def one_file_plan(ranges: int, rows_per_range: int):
+    """The plan record of one input file cut into ``ranges`` ranges, and their range ids in plan order."""
+    from airflow_provider_raybatch.pipeline.commit.plan_record import PlanRecord
+    from airflow_provider_raybatch.pipeline.planning.input_files import InputFile
+    from airflow_provider_raybatch.pipeline.planning.planner import Plan, plan_ranges
+
+    file = InputFile(
+        "/in/part-0.parquet", "part-0.parquet", 10**8, rows_per_range * ranges, (rows_per_range,) * ranges, "0" * 64
+    )
+    plan = Plan([file], plan_ranges([file], rows_per_range), None)
+    job = {"rows_per_range": rows_per_range}
+    return PlanRecord("/in", plan.describe(), job, "ui/run/score/-1"), [r.id for r in plan.ranges]
+
+
 class RangeByRangeWriter:
     """A writer that commits an output's ranges one by one (the ledger's own code, under a held
     lease naming a task instance), ``interval_s`` apart, in a thread: a running task, seen from
-    its bookkeeping."""
+    its bookkeeping. Its input is one file (the page says "1 file")."""
 
     def __init__(self, output: str, run_key: str, ranges: int, interval_s: float):
         from airflow_provider_raybatch.pipeline.commit.lease import Lease, LeaseHolder
         from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
-        from benchmarks.status import plan_record
+        from benchmarks.status import ROWS_PER_RANGE
 
         self.ledger = OutputLedger.open(output)
-        record, self.ids = plan_record(ranges)
+        record, self.ids = one_file_plan(ranges, ROWS_PER_RANGE)
         self.ledger.write_plan(record)
         holder = LeaseHolder(run_key=run_key, try_number=1)
         self.lease = Lease(self.ledger.fs, self.ledger.lease_folder(), output, holder, timeout_s=600)
