@@ -63,7 +63,8 @@ class ComposeStack:
         return result.stdout[-20000:]
 
     def down(self) -> None:
-        self.compose("down", "--volumes", "--remove-orphans", check=False, timeout=300)
+        # The stack is thrown away: its services get 1 s to stop, not Docker's 10 (measured: 4 s instead of 10).
+        self.compose("down", "--volumes", "--remove-orphans", "--timeout", "1", check=False, timeout=300)
 
     def wait_healthy(self, services: list[str], timeout: float = 600) -> None:
         """Wait until each service's own health check passes, run here in its container every few seconds.
