@@ -68,9 +68,12 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 # and order kept); each worker has its own Airflow DB and shared local Ray (tests/conftest.py). Most
 # tests wait on processes and servers (the CPUs were 59 % busy on one worker), so two workers on two
 # cores take less time. TEST_WORKERS=0 runs it in one process.
+# The files of long tests go to the workers first (tests/support/slow_first.py): pytest-xdist's own order, most
+# tests first, started the compose stack's 2 tests (about 6 minutes) some 40 minutes in, among the last files.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile -p tests.support.slow_first --no-loadscope-reorder
 test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
+	$(PY) -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The compatibility job (.ci/run runs it after `make test`; docs/compatibility.md): the oldest Airflow and
 # Ray the provider supports (constraints/$(OLDEST).txt, in .venv-oldest) on the tests of version-specific
@@ -107,7 +110,7 @@ $(OLDEST_VENV)/.installed: pyproject.toml constraints/$(OLDEST).txt
 oldest-env: $(OLDEST_VENV)/.installed
 
 test-compat: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
-	$(OLDEST_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
+	$(OLDEST_VENV)/bin/python -m pytest $(XDIST) $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(VENV)/bin $(OLDEST_VENV)/bin/python -m pytest $(CLUSTER_TESTS) -k $(ACROSS) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(OLDEST_VENV)/bin $(PY) -m pytest tests/operators/test_ray_pipeline_on_cluster.py -k "not table and not second_run" $(PYTEST_ARGS)
 
