@@ -17,11 +17,13 @@ def test_the_xcom_form_has_the_documented_keys_and_round_trips():
         "rows_rejected",
         "engine_errors",
         "rows_processed",
+        "rows_rejected_processed",
         "ranges_total",
         "ranges_done",
         "ranges_skipped",
+        "rows_skipped",
         "seconds",
-        "rows_per_second",
+        "rows_per_second",  # deprecated: the rates are commit_rows_per_s and scoring_rows_per_s, where measured
     }
     assert data["rows_per_second"] == 5.0
     assert RunSummary.from_dict(data) == summary
@@ -74,6 +76,20 @@ def test_combining_shards_adds_every_count_and_keeps_the_slowest_time():
     # A combined summary of an earlier version (XCom, an asset event's extra) called them partitions.
     old = {k: v for k, v in combined.to_dict().items() if k != "shards"}
     assert RunSummary.from_dict({**old, "partitions": 2}) == combined
+
+
+def test_combining_shards_adds_their_rates_and_who_wrote_the_skipped_ranges():
+    by = "dag / run / score map 0, try 1"
+    parts = [
+        RunSummary("/out", ranges_skipped=2, rows_skipped=20, skipped_by=[{"writer": by, "ranges": 2, "rows": 20}]),
+        RunSummary("/out", rows_processed=30, commit_rows_per_s=10.0, scoring_rows_per_s=12.5, seconds=3.0),
+        RunSummary("/out", rows_processed=20, commit_rows_per_s=5.0, scoring_rows_per_s=5.0, seconds=4.0),
+        RunSummary("/out", ranges_skipped=1, rows_skipped=5, skipped_by=[{"writer": by, "ranges": 1, "rows": 5}]),
+    ]
+    combined = RunSummary.combine(parts)
+    assert (combined.commit_rows_per_s, combined.scoring_rows_per_s) == (15.0, 17.5)  # shards run side by side
+    assert combined.skipped_by == [{"writer": by, "ranges": 3, "rows": 25}] and combined.rows_skipped == 25
+    assert RunSummary.from_dict(combined.to_dict()) == combined
 
 
 def test_tokens_appear_only_where_counted_and_shards_add_them_up():
