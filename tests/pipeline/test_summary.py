@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from airflow_provider_raybatch.pipeline.summary import RunSummary
+import logging
+import re
+
+import pyarrow as pa
+
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord, CommitWriter
+from airflow_provider_raybatch.pipeline.planning.planner import Plan, RowRange
+from airflow_provider_raybatch.pipeline.summary import PROGRESS_INTERVAL_ENV, Progress, RunSummary
 
 
 def test_the_xcom_form_has_the_documented_keys_and_round_trips():
@@ -102,3 +109,26 @@ def test_tokens_appear_only_where_counted_and_shards_add_them_up():
     combined = RunSummary.combine([counted, plain, counted.to_dict()])
     assert (combined.tokens_in, combined.tokens_out, combined.tokens_out_processed) == (800, 180, 120)
     assert RunSummary.combine([plain, plain]).tokens_in is None
+
+
+def test_a_resumed_runs_progress_lines_never_show_fewer_scored_than_committed(caplog, monkeypatch):
+    """Rows scored count the earlier tries' committed rows too: a line shows them only while ahead."""
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "0")
+    ranges = [RowRange(f"r-{i}", 0, 100 * i, 100 * (i + 1)) for i in range(5)]
+    earlier = {r.id: CommitRecord(r.id, (), 100, writer=CommitWriter("d/r/score/-1", 1)) for r in ranges[:3]}
+    progress = Progress(Plan([], ranges, pa.schema([])), earlier)
+    assert progress.skipped_by == [{"writer": "d / r / score, try 1", "ranges": 3, "rows": 300}]
+    scored = [40]
+    with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch"), progress.clock(lambda: scored[0]):
+        progress.log_line()  # 40 scored by this try, none committed yet
+        scored[0] = 100
+        progress.committed(3)  # its first range: as many committed as scored
+        progress.log_line()
+    first, second = (r.getMessage() for r in caplog.records)
+    assert first.startswith("Committed 3/5 ranges, 300/500 rows, 340 scored, scoring rate ")
+    assert "commit rate" not in first and "about" in first
+    assert second.startswith("Committed 4/5 ranges, 400/500 rows, scoring rate ") and "scored," not in second
+    assert re.search(r", commit rate \d+ rows/s, ", second), second
+    summary = progress.summary("/out", 1.0)
+    assert (summary.ranges_skipped, summary.rows_skipped, summary.rows_processed) == (3, 300, 100)
+    assert summary.commit_rows_per_s > 0 and summary.scoring_rows_per_s > 0
