@@ -104,7 +104,7 @@ class RunSummary:
 
     def to_dict(self) -> dict[str, Any]:
         """The XCom / asset-event form; optional fields appear only when set."""
-        data = {k: v for k, v in asdict(self).items() if v is not None and v != []}
+        data = {k: v for k, v in asdict(self).items() if v is not None}
         data["seconds"] = round(self.seconds, 3)
         data["rows_per_second"] = self.rows_per_second
         if self.tokens_per_second is not None:

@@ -123,8 +123,7 @@ def try_figures(output: ResolvedOutput, statuses: list[Any], now: float | None =
     story = output.story
     if story and story.get("try_number") == output.try_number:
         # Its own figures where it recorded them (a failed try's counts are the records').
-        figures.update({k: v for k, v in story.items() if k in figures and k not in ("state", "started_at")})
-        figures["started_at"] = story.get("started_at") or started
+        figures.update({k: v for k, v in story.items() if k in figures and k != "state"})
     elif figures["outcome"] == "failed":
         figures["message"] = "the try ended without recording its outcome (killed, or timed out)"
     if figures["outcome"] == "refused":  # it never got to read what was committed

@@ -2,9 +2,10 @@
 
 What the command line's ``status`` prints and what a UI would draw: planned and committed ranges
 and rows, rejects, a timeline of rows committed, the current and average commit rates and the time
-left, the tries that wrote (:mod:`.tries`), the lease holders and the run's state. It reads ``plan.json``, the commit records (the manifest and the
-segments, once: :meth:`.commit_log.CommitLog.committed`) and the leases' newest generations,
-never a data file, so it answers quickly however large the output (``benchmarks/status.py``).
+left, the tries that wrote (:mod:`.tries`), the lease holders and the run's state. It reads
+``plan.json``, the commit records (the manifest and the segments, once:
+:meth:`.commit_log.CommitLog.committed`) and the leases' newest generations, never a data file,
+so it answers quickly however large the output (``benchmarks/status.py``).
 
 A table output (:func:`read_table_status`) is read per writer: each writer that staged rows for
 the partition has a generation being written, a Parquet output of its own under the table
