@@ -159,7 +159,8 @@ def _status(args: argparse.Namespace, output: OutputRef) -> int:
 
 
 def describe_status(status: Any) -> str:
-    """A few lines for a person: a bar, rows, rate and time left, rejects, lease holders, state.
+    """A few lines for a person: a bar, rows, commit rates and time left, rejects, the last writer,
+    lease holders, state.
 
     :param status: an :class:`~airflow_provider_raybatch.pipeline.status.OutputStatus`.
     """
@@ -176,9 +177,15 @@ def describe_status(status: Any) -> str:
         )
     if status.tokens_in is not None:
         lines.append(f"tokens {status.tokens_in:,} in, {status.tokens_out:,} out (committed rows)")
-    if status.rate_rows_per_s is not None:
+    if status.commit_rows_per_s is not None:
         left = f", about {_duration(status.eta_s)} left" if status.eta_s is not None else ""
-        lines.append(f"rate {status.rate_rows_per_s:,.0f} rows/s{left}")
+        lines.append(f"commit rate {status.commit_rows_per_s:,.0f} rows/s (current){left}")
+    if status.average_commit_rows_per_s is not None:
+        lines.append(
+            f"commit rate {status.average_commit_rows_per_s:,.0f} rows/s (average, gaps between tries not counted)"
+        )
+    if status.last_writer is not None:
+        lines.append(f"last writer: {status.last_writer['describe']}")
     if status.last_commit_at is not None:
         lines.append(f"last commit {_duration(max(0.0, status.read_at - status.last_commit_at))} ago")
     if status.table_commits is not None:

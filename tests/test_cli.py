@@ -63,6 +63,13 @@ def test_status_prints_a_summary_and_json_for_scripts(output):
     assert document["state"] == "done" and document["rows_planned"] == 250 and document["fraction_done"] == 1.0
     assert document["rows_rejected"] == REJECTED and document["lease"]["released"] is True
     assert document["timeline"][-1]["rows"] == 250
+    # The figures by the names the view, the summary and the docs use.
+    assert document["commit_rows_per_s"] is None and "rate_rows_per_s" not in document  # done: no current rate
+    assert document["average_commit_rows_per_s"] > 0 and document["last_writer"]["describe"]
+    [written] = document["tries"]
+    assert written["rows"] == 250 and written["writer"] == document["last_writer"]
+    assert f"commit rate {document['average_commit_rows_per_s']:,.0f} rows/s (average" in text.stdout
+    assert f"last writer: {document['last_writer']['describe']}" in text.stdout
 
 
 @pytest.mark.skipif(not SCRIPT.exists(), reason="the package is not installed (pip install -e .)")

@@ -33,6 +33,7 @@ from airflow_provider_raybatch.operators.rendered import (
     rendered_number,
     rendered_seconds,
 )
+from airflow_provider_raybatch.operators.try_story import told
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, Stage, TableOutput, check_output_format
 from airflow_provider_raybatch.pipeline.errors import ConfigError, NotRetryableError
 from airflow_provider_raybatch.runners.factory import runner_for
@@ -271,7 +272,7 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
         )
 
     def execute(self, context: Context) -> dict[str, Any] | list[dict[str, Any]]:
-        with _fail_without_retry():
+        with told(context) as story, _fail_without_retry():
             config = self.build_config(context)
             planning = self.plan_shards is not None
             if planning:
@@ -286,7 +287,7 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
                     outcome = self._job_result(runner, ended, config.output_path, config.storage_options, planning)
             except RayJobsError as e:
                 self._unfollowed(context, str(e))
-            return self._done(context, outcome, config.max_rows)
+            return self._done(context, outcome, config.max_rows, story)
 
     def execute_complete(
         self,
@@ -319,17 +320,19 @@ class RayPipelineOperator(RayJobFollowing, BaseOperator):
             output_path, planning = self.output_path, self.plan_shards is not None
             max_rows = rendered_number("max_rows", self.max_rows, int, "an integer >= 1 or None", optional=True)
         runner = runner_for(self.hook, context["ti"], context.get("task_state_store"))
-        with _fail_without_retry():
+        with told(context) as story, _fail_without_retry():
             result = self._job_result(runner, info, output_path, self._storage_options(), bool(planning))
-            return self._done(context, result, max_rows)
+            return self._done(context, result, max_rows, story)
 
     def _done(
-        self, context: Context, outcome: RunSummary | list[Shard], max_rows: int | None
+        self, context: Context, outcome: RunSummary | list[Shard], max_rows: int | None, story: dict[str, Any]
     ) -> dict[str, Any] | list[dict[str, Any]]:
-        """The task's XCom result: the run's summary (also on the asset's event), or the shards."""
+        """The task's XCom result: the run's summary (also on the asset's event, and in the try's
+        ``story`` for the UI: :mod:`.try_story`), or the shards."""
         if isinstance(outcome, list):
             self.log.info("Shards: %s", [(p.index, len(p.range_ids), p.rows) for p in outcome])
             return [p.to_dict() for p in outcome]
+        story["summary"] = outcome
         summary = outcome.to_dict()
         self.log.info("Batch inference summary: %s", summary)
         if max_rows is not None and self.asset is not None:

@@ -98,6 +98,8 @@ def _process(
 ) -> tuple[Progress, TableCommits | None]:
     """Commit every pending range of ``run``; a table output's ranges join the table as they go."""
     progress = Progress(run.plan, run.committed)
+    # Each record names this try; its stages' start (the commit rate's) replaces this once known.
+    run.ledger.writer = run.lease.holder.writer(time.time())
     commits = RangeCommits(run.ledger, run.plan, progress, config, run.committed)
     table = None
     if run.generation is not None:
@@ -120,6 +122,12 @@ def _commit_pending(
     """Commit the ranges of ``run`` not committed yet: empty ones at once, the others through Ray Data."""
     plan = run.plan
     pending = [i for i, r in enumerate(plan.ranges) if r.id not in run.committed]
+    if not pending:
+        writers = commits.progress.skipped_by
+        by = ", ".join(f"{w['writer']} ({w['ranges']} ranges)" for w in writers) if len(writers) > 1 else ""
+        by = by or (writers[0]["writer"] if writers else "earlier tries")
+        log.info("nothing to do: all %d ranges were committed by %s", len(plan.ranges), by)
+        return
     for index in [i for i in pending if plan.ranges[i].rows == 0]:
         commits.commit_empty(index, run.keep)
     commits.flush()
@@ -249,6 +257,9 @@ def _stream(
     watchdog = Watchdog(config.progress_timeout, commits.progress, config.stages, ds)
     try:
         with commits.progress.clock(scored), watchdog, ray_stderr_at_level():
+            writer = commits.ledger.writer
+            if writer is not None:
+                commits.ledger.writer = dataclasses.replace(writer, started_at=commits.progress.stages_started_at)
             try:
                 # No prefetching: with it, Ray Data's iterator hands on a block only once the next
                 # ones exist, so each range's commit waited for two more ranges to be written

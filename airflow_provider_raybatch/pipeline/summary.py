@@ -1,4 +1,13 @@
-"""What a run did: the :class:`RunSummary` returned to XCom, and the :class:`Progress` that counts it."""
+"""What a run did: the :class:`RunSummary` returned to XCom, and the :class:`Progress` that counts it.
+
+Its figures, defined once (the output's status and the UI name them the same):
+
+- **scoring rate** (``scoring_rows_per_s``): rows the last stage scored per second since the try's
+  stages started;
+- **commit rate** (``commit_rows_per_s``): input rows committed (written or rejected) per second,
+  from the try's stages' start to its last commit;
+- **wall time** (``seconds``): the run's start to its end.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord, by_writer
 from airflow_provider_raybatch.pipeline.errors import TooManyErrorsError
 from airflow_provider_raybatch.pipeline.planning.planner import Plan
 from airflow_provider_raybatch.pipeline.store.retries import seconds_from_env
@@ -36,11 +45,17 @@ class RunSummary:
     :param rows_out: rows in the output's committed part files.
     :param rows_rejected: rows in the rejects (invalid input and engine errors).
     :param engine_errors: rejected rows that failed in a model.
-    :param rows_processed: rows this run processed (committed ranges skipped are not counted).
+    :param rows_processed: rows this run committed (written or rejected; committed ranges skipped
+        are not counted), of which ``rows_rejected_processed`` rejected.
     :param ranges_total: ranges of the plan (of the shard).
     :param ranges_done: ranges this run committed.
-    :param ranges_skipped: ranges committed by an earlier run.
-    :param seconds: the run's duration.
+    :param ranges_skipped: ranges committed by an earlier run; ``rows_skipped`` their input rows.
+    :param skipped_by: who committed them: ``{"writer": ..., "ranges": n, "rows": n}`` per earlier
+        try (:meth:`.commit_record.CommitWriter.describe`; ``"unknown"`` for records of an older
+        release), in the order of their commits.
+    :param seconds: the run's wall time, its start to its end.
+    :param commit_rows_per_s: this run's commit rate (see the module's docstring; None: it committed none).
+    :param scoring_rows_per_s: this run's scoring rate (None: its stages did not run).
     :param shards: how many shard summaries were combined (None for one run).
     :param ray_submission_id: the Ray Job that ran it, on a cluster.
     :param table_version: a table output's version after the run: Delta's table version, or
@@ -58,10 +73,15 @@ class RunSummary:
     rows_rejected: int = 0
     engine_errors: int = 0
     rows_processed: int = 0
+    rows_rejected_processed: int = 0
     ranges_total: int = 0
     ranges_done: int = 0
     ranges_skipped: int = 0
+    rows_skipped: int = 0
+    skipped_by: list[dict[str, Any]] | None = None
     seconds: float = 0.0
+    commit_rows_per_s: float | None = None
+    scoring_rows_per_s: float | None = None
     shards: int | None = None
     ray_submission_id: str | None = None
     table_version: int | None = None
@@ -71,6 +91,8 @@ class RunSummary:
 
     @property
     def rows_per_second(self) -> float:
+        """Deprecated (kept one release in the XCom form): rows over the wall time, no rate of the
+        docs'. Read ``commit_rows_per_s``."""
         return round(self.rows_processed / self.seconds, 1) if self.seconds > 0 else 0.0
 
     @property
@@ -100,7 +122,8 @@ class RunSummary:
     def combine(cls, summaries: Iterable[RunSummary | Mapping[str, Any]]) -> RunSummary:
         """One summary for the shards of a mapped run (their XCom dicts or summaries).
 
-        Counts add up; shards run side by side, so the slowest one is the run's duration.
+        Counts add up; shards run side by side, so the slowest one is the run's duration, and the
+        rates add up (each shard's over its own time).
         """
         parts = [s if isinstance(s, RunSummary) else cls.from_dict(s) for s in summaries]
         # Every count field, so that a count added later is combined too.
@@ -108,10 +131,22 @@ class RunSummary:
         for name in TOKEN_FIELDS:  # counted in some shards, or in none
             counted = [getattr(p, name) for p in parts if getattr(p, name) is not None]
             counts[name] = sum(counted) if counted else None
+        skipped: dict[str, list[int]] = {}
+        for part in parts:
+            for entry in part.skipped_by or ():
+                count = skipped.setdefault(entry["writer"], [0, 0])
+                count[0] += entry["ranges"]
+                count[1] += entry["rows"]
+        rates = {
+            name: round(sum(rated), 1) if (rated := [getattr(p, name) for p in parts if getattr(p, name)]) else None
+            for name in ("commit_rows_per_s", "scoring_rows_per_s")
+        }
         return cls(
             output_path=parts[0].output_path if parts else "",
             **counts,
+            skipped_by=[{"writer": w, "ranges": r, "rows": n} for w, (r, n) in skipped.items()] or None,
             seconds=max((p.seconds for p in parts), default=0.0),
+            **rates,
             shards=len(parts),
         )
 
@@ -133,8 +168,11 @@ class Progress:
         self.started = time.monotonic()
         self.last_log = self.started
         self.skipped = len(committed)
+        self.rows_skipped = sum(r.input_rows for r in committed.values())
+        self.skipped_by = skipped_by(committed.values())
         self.rows_out = sum(r.rows for r in committed.values())
         self.rows_rejected = sum(r.rejected for r in committed.values())
+        self.rows_rejected_skipped = self.rows_rejected
         self.engine_errors = sum(r.engine_errors for r in committed.values())
         #: Prompt and generated tokens of the committed ranges (None: none counted), and the
         #: generated tokens of this run's commits.
@@ -148,7 +186,10 @@ class Progress:
         self.last_commit: tuple[str, float] | None = None
         #: Rows the last stage has scored in this run, as its replicas report them (see :meth:`clock`).
         self._scored: Callable[[], int] = lambda: 0
-        self._streaming_since: float | None = None
+        #: When the stages started and ended (time.monotonic()), and the wall time they started at.
+        self.stages_started: float | None = None
+        self.stages_ended: float | None = None
+        self.stages_started_at: float | None = None
         self._lock = threading.Lock()  # the driver's thread, the flushing thread and the clock's
 
     @property
@@ -160,6 +201,19 @@ class Progress:
     def rows_scored(self) -> int:
         """Rows of this run through the last stage: as its replicas report them, or written, or committed."""
         return max(self._scored(), self.rows_written, self.rows_processed)
+
+    def commit_rate(self) -> float | None:
+        """This run's commit rate: rows committed from its stages' start to its last commit."""
+        if self.stages_started is None or self.last_commit is None or self.last_commit[1] <= self.stages_started:
+            return None
+        return self.rows_processed / (self.last_commit[1] - self.stages_started)
+
+    def scoring_rate(self) -> float | None:
+        """This run's scoring rate: rows scored since its stages started (to their end, once ended)."""
+        if self.stages_started is None:
+            return None
+        end = self.stages_ended if self.stages_ended is not None else time.monotonic()
+        return self.rows_scored / max(end - self.stages_started, 1e-9)
 
     def committed(self, index: int, record: CommitRecord | None = None) -> None:
         """Count the range ``index`` of the plan as committed, by its commit record (None: all its rows out)."""
@@ -189,7 +243,8 @@ class Progress:
         interval = progress_interval()
         if scored is not None:
             self._scored = scored
-        self._streaming_since = self.last_log = time.monotonic()
+        self.stages_started = self.last_log = time.monotonic()
+        self.stages_started_at = time.time()
         stop = threading.Event()
 
         def tick() -> None:
@@ -206,36 +261,41 @@ class Progress:
             stop.set()
             if thread is not None:
                 thread.join()
+            self.stages_ended = time.monotonic()
 
     def log_line(self) -> None:
-        """Log where the run stands: committed ranges and rows, rows scored (when ahead), rate, time left."""
+        """Log where the run stands: committed ranges and rows, rows scored (when ahead), the
+        scoring and commit rates, time left."""
         with self._lock:
             now = time.monotonic()
             self.last_log = now
-            scored = self.rows_scored
-            # The rate of the stages, from when they started (not counting Ray's start-up).
-            since = self.started if self._streaming_since is None else self._streaming_since
-            rate = scored / max(now - since, 1e-9)
             done_rows = self.rows_out + self.rows_rejected
-            left = max(self.plan.total_rows - (self.rows_out + self.rows_rejected - self.rows_processed) - scored, 0)
+            # Scored rows of the whole output: the earlier tries' committed ones, and this run's.
+            scored = self.rows_skipped + self.rows_scored
+            scoring = self.scoring_rate()
+            commit = self.commit_rate()
+            left = max(self.plan.total_rows - scored, 0)
             rejected = f" ({self.rows_rejected} rejected)" if self.rows_rejected else ""
-            ahead = f", {scored} scored" if scored > self.rows_processed else ""
+            ahead = f", {scored} scored" if scored > done_rows else ""
+            rates = f", scoring rate {scoring:.0f} rows/s" if scoring is not None else ""
+            rates += f", commit rate {commit:.0f} rows/s" if commit is not None else ""
             # Before the first rows are scored (a model still loading) there is no rate to go by.
-            eta = f"about {left / rate if rate else 0:.0f}s left" if rate or not left else "time left not known yet"
+            eta = f"about {left / scoring:.0f}s left" if scoring else "time left not known yet"
+            eta = eta if left else "about 0s left"
             tokens = ""
-            if self.tokens_in is not None:
+            if self.tokens_in is not None and self.stages_started is not None:
                 # Of committed ranges only, as the output holds them; the rate is this run's.
-                generated = (self.tokens_out_processed or 0) / max(now - since, 1e-9)
+                generated = (self.tokens_out_processed or 0) / max(now - self.stages_started, 1e-9)
                 tokens = f", tokens {self.tokens_in} in, {self.tokens_out} out ({generated:.0f} generated/s)"
             log.info(
-                "Committed %d/%d ranges, %d/%d rows%s%s, %.0f rows/s%s, %s",
+                "Committed %d/%d ranges, %d/%d rows%s%s%s%s, %s",
                 self.skipped + self.done,
                 len(self.plan.ranges),
                 done_rows,
                 self.plan.total_rows,
                 rejected,
                 ahead,
-                rate,
+                rates,
                 tokens,
                 eta,
             )
@@ -257,6 +317,7 @@ class Progress:
             )
 
     def summary(self, output_path: str, seconds: float, table_version: int | None = None) -> RunSummary:
+        commit, scoring = self.commit_rate(), self.scoring_rate()
         return RunSummary(
             output_path=output_path,
             rows_in=self.plan.total_rows,
@@ -264,16 +325,33 @@ class Progress:
             rows_rejected=self.rows_rejected,
             engine_errors=self.engine_errors,
             rows_processed=self.rows_processed,
+            rows_rejected_processed=self.rows_rejected - self.rows_rejected_skipped,
             ranges_total=len(self.plan.ranges),
             ranges_done=self.done,
             ranges_skipped=self.skipped,
+            rows_skipped=self.rows_skipped,
+            skipped_by=self.skipped_by or None,
             seconds=seconds,
+            commit_rows_per_s=None if commit is None else round(commit, 1),
+            scoring_rows_per_s=None if scoring is None else round(scoring, 1),
             table_version=table_version,
             tokens_in=self.tokens_in,
             tokens_out=self.tokens_out,
             # A rerun that had nothing left to do generated none.
             tokens_out_processed=(self.tokens_out_processed or 0) if self.tokens_in is not None else None,
         )
+
+
+def skipped_by(records: Iterable[CommitRecord]) -> list[dict[str, Any]]:
+    """Who committed ``records`` (ranges a run skips): per try, in the order of their commits."""
+    return [
+        {
+            "writer": "unknown" if key is None else group[-1].writer.describe(),
+            "ranges": len(group),
+            "rows": sum(r.input_rows for r in group),
+        }
+        for key, group in by_writer(records).items()
+    ]
 
 
 def token_totals(records: Iterable[CommitRecord]) -> tuple[int | None, int | None]:

@@ -29,8 +29,8 @@ _verifier = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_pre
 def output_figures(
     output: ResolvedOutput, *, detail: bool = True, rejects: bool = True, options: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """A task instance's output: its status (per writer for a table), a sample of its rejects,
-    and, for a mapped task instance, its own shard.
+    """A task instance's output: what its current try did (``try``), its status (per writer for a
+    table), a sample of its rejects, and, for a mapped task instance, its own shard.
 
     :param output: the resolved output.
     :param detail: with the input plan per file and the committed ranges' picture.
@@ -40,7 +40,7 @@ def output_figures(
     from airflow_provider_raybatch.pipeline.status import OutputNotFoundError, read_output
 
     started = time.perf_counter()
-    document: dict[str, Any] = {"task": output.public(), "found": False, "outputs": []}
+    document: dict[str, Any] = {"task": output.public(), "found": False, "outputs": [], "try": try_figures(output, [])}
     if output.path is None:
         document["message"] = (
             "the output's path is not known for this task instance: it has not run, or Airflow no longer "
@@ -59,6 +59,7 @@ def output_figures(
         document["message"] = str(e)
         return document
     document["found"] = True
+    document["try"] = try_figures(output, statuses)
     for status in statuses:
         entry = status.to_dict()
         entry.pop("rejects_files", None)
@@ -69,6 +70,76 @@ def output_figures(
         document["outputs"].append(entry)
     document["read_s"] = round(time.perf_counter() - started, 4)
     return document
+
+
+#: Airflow's states of a try that has not started, and of one under way.
+_WAITING = {"scheduled", "queued", "up_for_reschedule"}
+_UNDER_WAY = {"running", "deferred", "restarting"}
+
+
+def try_figures(output: ResolvedOutput, statuses: list[Any], now: float | None = None) -> dict[str, Any] | None:
+    """What the task instance's current try did (None: it never ran): the record it pushed at its
+    end (:mod:`..operators.try_story`), else, for a try under way or killed, what the commit
+    records that name it say. Its figures are the summary's (:mod:`..pipeline.summary`).
+
+    :param statuses: the output's statuses (their ``tries``: who committed what).
+    """
+    ref = output.ref
+    if output.state is None or not output.try_number:
+        return None
+    now = time.time() if now is None else now
+    mine = [
+        t
+        for s in statuses
+        for t in s.tries
+        if t.is_task_try(ref.dag_id, ref.run_id, ref.task_id, ref.map_index, output.try_number)
+    ]
+    started = output.started_at
+    # Ranges committed before this try began, by whom (a mapped run's other shards commit meanwhile: not counted).
+    earlier = [t for s in statuses for t in s.tries if t not in mine and started and (t.last_commit_at or 0) < started]
+    rows = sum(t.rows for t in mine)
+    spans = [t.span for t in mine if t.span is not None]
+    span = sum(e - s for s, e in spans)
+    figures: dict[str, Any] = {
+        "try_number": output.try_number,
+        "state": output.state,
+        "outcome": _outcome(output.state, bool(mine)),
+        "message": None,
+        "ranges_committed": sum(t.ranges for t in mine),
+        "rows_committed": rows,
+        "rows_rejected": sum(t.rows_rejected for t in mine),
+        "ranges_skipped": sum(t.ranges for t in earlier),
+        "rows_skipped": sum(t.rows for t in earlier),
+        "skipped_by": [
+            {"writer": t.writer["describe"] if t.writer else "unknown", "ranges": t.ranges, "rows": t.rows}
+            for t in earlier
+        ],
+        "started_at": started,
+        "ended_at": None,
+        "wall_s": round(now - started, 3) if started and output.state in _UNDER_WAY else None,
+        "commit_rows_per_s": round(rows / span, 1) if span else None,
+        "scoring_rows_per_s": None,
+    }
+    story = output.story
+    if story and story.get("try_number") == output.try_number:
+        # Its own figures where it recorded them (a failed try's counts are the records').
+        figures.update({k: v for k, v in story.items() if k in figures and k != "state"})
+    elif figures["outcome"] == "failed":
+        figures["message"] = "the try ended without recording its outcome (killed, or timed out)"
+    if figures["outcome"] == "refused":  # it never got to read what was committed
+        figures.update(ranges_skipped=0, rows_skipped=0, skipped_by=[])
+    return figures
+
+
+def _outcome(state: str, committed: bool) -> str:
+    """A try's outcome as its task instance's state tells it, where the try recorded none."""
+    if state in _WAITING:
+        return "queued"
+    if state in _UNDER_WAY:
+        return "running"
+    if state == "success":
+        return "wrote" if committed else "nothing to do"
+    return "failed"
 
 
 def _rejects(status: Any, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -134,7 +205,7 @@ def summary_line(output: ResolvedOutput) -> dict[str, Any]:
         **token_sums(statuses),
         ranges_planned=sum(s.ranges_planned for s in statuses),
         ranges_committed=sum(s.ranges_committed for s in statuses),
-        rate_rows_per_s=sum(s.rate_rows_per_s or 0 for s in statuses) or None,
+        commit_rows_per_s=sum(s.commit_rows_per_s or 0 for s in statuses) or None,
         eta_s=max((s.eta_s for s in statuses if s.eta_s is not None), default=None),
     )
     if output.ref.map_index >= 0 and statuses:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -75,6 +75,9 @@ class ResolvedOutput:
     :param conn_ids: the store and Iceberg catalog connections (server side only: never answered).
     :param state: the task instance's state (None: never run); ``try_number`` its try.
     :param mapped: the task is mapped (its instances write shards of one output).
+    :param started_at: when its try started (Unix time; None: not yet).
+    :param story: what its try recorded it did (:mod:`..operators.try_story`; None: nothing recorded,
+        or not read). Read for a single task instance's page only.
     """
 
     ref: TaskRef
@@ -87,6 +90,8 @@ class ResolvedOutput:
     try_number: int | None
     mapped: bool
     conn_ids: dict[str, str | None] = field(default_factory=dict, repr=False)
+    started_at: float | None = None
+    story: dict[str, Any] | None = None
 
     def public(self) -> dict[str, Any]:
         """What the browser may see (no connection id: they name credentials)."""
@@ -149,7 +154,7 @@ def resolve(ref: TaskRef, session: Session) -> ResolvedOutput:
     if task is None:
         raise OutputNotFoundError(f"{ref.dag_id}.{ref.task_id} is no inference task of this provider")
     ti = session.execute(
-        select(TI.state, TI.try_number).where(
+        select(TI.state, TI.try_number, TI.start_date).where(
             TI.dag_id == ref.dag_id, TI.run_id == ref.run_id, TI.task_id == ref.task_id, TI.map_index == ref.map_index
         )
     ).first()
@@ -161,7 +166,34 @@ def resolve(ref: TaskRef, session: Session) -> ResolvedOutput:
             RTIF.map_index == ref.map_index,
         )
     )
-    return _output(ref, task, rendered, ti)
+    output = _output(ref, task, rendered, ti)
+    if ti is None:
+        return output
+    return replace(
+        output,
+        started_at=ti.start_date.timestamp() if ti.start_date else None,
+        story=try_story(ref, session),
+    )
+
+
+def try_story(ref: TaskRef, session: Session) -> dict[str, Any] | None:
+    """The record the task instance's current try pushed at its end (Airflow clears a task
+    instance's XComs when its next try starts); None without one."""
+    from airflow.models.xcom import XComModel
+
+    from airflow_provider_raybatch.operators.try_story import TRY_XCOM_KEY
+
+    row = session.scalar(
+        select(XComModel).where(
+            XComModel.dag_id == ref.dag_id,
+            XComModel.run_id == ref.run_id,
+            XComModel.task_id == ref.task_id,
+            XComModel.map_index == ref.map_index,
+            XComModel.key == TRY_XCOM_KEY,
+        )
+    )
+    value = None if row is None else XComModel.deserialize_value(row)
+    return value if isinstance(value, dict) else None
 
 
 def _output(ref: TaskRef, task: dict[str, Any], rendered: dict[str, Any] | None, ti: Any) -> ResolvedOutput:

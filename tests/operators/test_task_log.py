@@ -109,5 +109,5 @@ def test_progress_is_logged_on_a_clock_with_rows_scored_before_the_first_commit(
     before_commit = [line for line in progress if line.startswith("Committed 0/1 ranges")]
     assert len(before_commit) >= 2, progress
     # Rows scored so far, before any range committed.
-    assert any(re.search(r"0/240 rows, \d+ scored, \d+ rows/s", line) for line in before_commit), progress
+    assert any(re.search(r"0/240 rows, \d+ scored, scoring rate \d+ rows/s", line) for line in before_commit), progress
     assert progress[-1].startswith("Committed 1/1 ranges, 240/240 rows, "), progress

@@ -5,6 +5,8 @@ then), resumed by its next try (its figures after), read through the task instan
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import signal
 import socket
@@ -12,9 +14,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.status import read_status
 from tests.conftest import run_dag
 from tests.support.data import write_input
+from tests.support.leases import write_holder
 from tests.support.ui_outputs import (
     DAG_ID,
     REJECTED,
@@ -33,6 +37,10 @@ pytestmark = pytest.mark.usefixtures("airflow_db", "ray_local")
 
 KILLED_DATE = datetime(2026, 11, 20, tzinfo=UTC)
 DONE_DATE = datetime(2026, 11, 21, tzinfo=UTC)
+#: A date whose output another writer holds (its lease written by hand, live for an hour).
+BUSY_DATE = datetime(2026, 11, 22, tzinfo=UTC)
+#: A secret Airflow masks, in the holder's name: the refusal names the holder, never the secret.
+SECRET = "s3cret-token-4242"
 
 
 def ti_path(run_id: str) -> str:
@@ -63,11 +71,30 @@ def runs(tmp_path_factory):
             "model": read_status(str(root / "out" / "2026-11-20")),
         }
     resumed = run_dag(dag, KILLED_DATE)
+    # A no-op rerun of the finished date (a second try of its task instance), its log kept.
+    lines = _Lines()
+    logging.getLogger("airflow_provider_raybatch").addHandler(lines)
+    try:
+        rerun = run_dag(dag, DONE_DATE)
+    finally:
+        logging.getLogger("airflow_provider_raybatch").removeHandler(lines)
+    # A second writer refused: another holds the date's output.
+    from airflow.sdk.log import mask_secret
+
+    mask_secret(SECRET)
+    lease = root / "out" / "2026-11-22" / "_raybatch" / "lease"
+    write_holder(lease, age_s=0, timeout_s=3600)
+    held = json.loads((lease / "000000000001.json").read_text())
+    held["holder"]["run_key"] = f"other_dag/{SECRET}/score/-1"
+    (lease / "000000000001.json").write_text(json.dumps(held))
+    busy = run_dag(dag, BUSY_DATE)
     with environment(auth):
         after = {
             "ti": api.call("GET", ti_path(run_id)).json(),
             "dag": api.call("GET", f"/api/dag/{DAG_ID}").json(),
             "verify": api.call("POST", ti_path(run_id) + "/verify", headers={"X-Raybatch-Action": "verify"}).json(),
+            "rerun": api.call("GET", ti_path(done.run_id)).json(),
+            "busy": api.call("GET", ti_path(busy.run_id)).json(),
         }
         yield {
             "root": root,
@@ -75,10 +102,21 @@ def runs(tmp_path_factory):
             "done_run_id": done.run_id,
             "killed": killed,
             "resumed": resumed,
+            "rerun": rerun,
+            "rerun_log": lines.messages,
             "before": before,
             "after": after,
             "api": api,
         }
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 def killed_run_id() -> str:
@@ -222,3 +260,71 @@ def test_a_request_names_a_task_instance_never_a_path(runs):
     }
     page = api.call("GET", f"/ti/{DAG_ID}/{run_id}/{TASK_ID}", params={"map_index": "{MAP_INDEX}"})
     assert page.status_code == 200 and '"map_index": -1' in page.text and "<script>" in page.text
+
+
+def writer_of(run_id: str) -> str:
+    # dag.test() runs a date again as the same try of its task instance (Airflow's scheduler would number it 2).
+    return f"{DAG_ID} / {run_id} / {TASK_ID}, try 1"
+
+
+def test_a_killed_and_resumed_runs_figures_follow_its_commit_records(runs):
+    """Each try's commit rate, the output's average (the gap between the tries not counted) and
+    its last writer, against the commit records' times and writers."""
+    records = OutputLedger.open(str(runs["root"] / "out" / "2026-11-20")).committed().values()
+    killed, resumed = runs["killed"].pid, os.getpid()
+    by_try = {pid: [r for r in records if r.writer.pid == pid] for pid in (killed, resumed)}
+    assert [len(by_try[killed]), len(by_try[resumed])] == [2, 3]
+    spans = {}
+    for pid, mine in by_try.items():
+        start = mine[0].writer.started_at
+        last = max(r.committed_at for r in mine)
+        # The stages' start: before the try's first commit.
+        assert start < min(r.committed_at for r in mine)
+        spans[pid] = (start, last, sum(r.input_rows for r in mine))
+    assert spans[resumed][0] > spans[killed][1]  # the resumed try's time starts after the killed one's
+    out = runs["after"]["ti"]["outputs"][0]
+    tries = {t["writer"]["pid"]: t for t in out["tries"]}
+    for pid, (start, last, rows) in spans.items():
+        assert (tries[pid]["started_at"], tries[pid]["last_commit_at"], tries[pid]["rows"]) == (start, last, rows)
+        assert tries[pid]["commit_rows_per_s"] == pytest.approx(rows / (last - start), abs=0.1)
+    average = 400 / sum(last - start for start, last, _ in spans.values())
+    assert out["average_commit_rows_per_s"] == pytest.approx(average, abs=0.1)
+    assert out["average_commit_rows_per_s"] > 400 / (spans[resumed][1] - spans[killed][0])  # the gap, counted
+    assert out["commit_rows_per_s"] is None and "rate_rows_per_s" not in out  # done: no current rate
+    assert out["last_writer"]["pid"] == resumed and out["last_writer"]["describe"] == writer_of(runs["run_id"])
+    # The resumed try's own story: what it committed, what it skipped and whose it was.
+    story = runs["after"]["ti"]["try"]
+    assert (story["state"], story["outcome"]) == ("success", "wrote")
+    assert (story["ranges_committed"], story["rows_committed"], story["ranges_skipped"]) == (3, spans[resumed][2], 2)
+    assert story["skipped_by"] == [{"writer": writer_of(runs["run_id"]), "ranges": 2, "rows": spans[killed][2]}]
+    assert story["commit_rows_per_s"] == pytest.approx(tries[resumed]["commit_rows_per_s"], rel=0.05)
+    assert story["scoring_rows_per_s"] > 0 and story["wall_s"] >= spans[resumed][1] - spans[resumed][0]
+    assert story["commit_rows_per_s"] == runs["resumed"].get_task_instance(TASK_ID).xcom_pull()["commit_rows_per_s"]
+    # The killed try, read before the resume (still running for Airflow): its story from the records naming it.
+    before = runs["before"]["ti"]["try"]
+    assert (before["state"], before["outcome"]) == ("running", "running")
+    assert (before["ranges_committed"], before["rows_committed"]) == (2, spans[killed][2])
+    assert before["commit_rows_per_s"] == pytest.approx(tries[killed]["commit_rows_per_s"], abs=0.1)
+
+
+def test_a_no_op_rerun_says_nothing_to_do_and_names_the_run_that_wrote(runs):
+    data = runs["after"]["rerun"]
+    story, [out] = data["try"], data["outputs"]
+    assert (story["outcome"], story["ranges_committed"], story["rows_committed"]) == ("nothing to do", 0, 0)
+    wrote = writer_of(runs["done_run_id"])
+    assert story["skipped_by"] == [{"writer": wrote, "ranges": 5, "rows": 400}] and story["rows_skipped"] == 400
+    assert story["commit_rows_per_s"] is None and story["scoring_rows_per_s"] is None
+    # The output's writer stays the run that wrote; the rerun only held the lease, after the last commit.
+    assert out["last_writer"]["describe"] == wrote and out["last_writer"]["started_at"] < story["started_at"]
+    assert out["lease"]["taken_at"] > out["last_commit_at"]
+    assert f"nothing to do: all 5 ranges were committed by {wrote}" in runs["rerun_log"]
+    assert runs["rerun"].get_task_instance(TASK_ID).xcom_pull()["skipped_by"] == story["skipped_by"]
+
+
+def test_a_refused_second_writer_says_why_without_the_secret(runs):
+    data = runs["after"]["busy"]
+    story = data["try"]
+    assert (story["state"], story["outcome"]) == ("failed", "refused")
+    assert "is being written by dag other_dag" in story["message"] and "***" in story["message"]
+    assert SECRET not in json.dumps(data)
+    assert story["ranges_committed"] == 0 and story["skipped_by"] == [] and story["wall_s"] >= 0

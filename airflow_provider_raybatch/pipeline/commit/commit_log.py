@@ -40,7 +40,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord, CommitWriter
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, RayBatchError
 from airflow_provider_raybatch.pipeline.store.files import absent, exists, ls, read_json, write_json
 
@@ -95,6 +95,9 @@ class CommitLog:
         self._segments_seen = False  # segments found by a read: there is something to fold
         #: Called before every publish, commit record and removal: raises once this writer lost its lease.
         self.fence: Callable[[], None] = lambda: None
+        #: The try named in each record this writer writes (:meth:`record`), set by the run that
+        #: holds the lease (its holder, and when its stages started); None: no writer named.
+        self.writer: CommitWriter | None = None
 
     def committed(self) -> dict[str, CommitRecord]:
         """Range id -> commit record, for every committed range (from the manifest, the segments
@@ -152,10 +155,13 @@ class CommitLog:
             return
         self.fence()
         if self.version == PER_RANGE_RECORDS:
-            writes = [(f"{self.commits_dir}/{r.range_id}.json", r.to_json(), [r]) for r in records]
+            writes = [
+                (f"{self.commits_dir}/{r.range_id}.json", r.committed(None, self.writer).to_json(), [r])
+                for r in records
+            ]
         else:
             now = round(time.time(), 3)
-            writes = [(self._segment_path(0), _encode([r.committed(now) for r in records]), records)]
+            writes = [(self._segment_path(0), _encode([r.committed(now, self.writer) for r in records]), records)]
         for done, (path, payload, _) in enumerate(writes):
             try:
                 write_json(self.fs, path, payload, compact=self.version != PER_RANGE_RECORDS)
@@ -304,33 +310,47 @@ def _encode(records: Iterable[CommitRecord]) -> dict[str, Any]:
     common case, the range's one output file ``part-<range id>.parquet``, which keeps a manifest of
     a million ranges to some tens of MB. The plan each record was written under is kept beside the
     rows, run-length encoded (``plans``: ``[[plan id, count], ...]`` in row order; nearly always one
-    run), and so are the tokens of an output whose model counted them (``tokens``: ``[prompt,
+    run), and so is the try that committed each (``writers``: ``[[writer or null, count], ...]``, a
+    run per writing try), and the tokens of an output whose model counted them (``tokens``: ``[prompt,
     generated]`` or null per row): rows keep the shape that earlier versions of the provider read.
     """
     rows: list[list[Any]] = []
     plans: list[list[Any]] = []
+    writers: list[list[Any]] = []
     tokens: list[list[int | None] | None] = []
     for r in records:
+        _run_length(writers, None if r.writer is None else r.writer.to_json())
         tokens.append(None if r.tokens == (None, None) else list(r.tokens))
         default = r.files == (f"part-{r.range_id}.parquet",)
         rows.append(
             [r.range_id, r.rows, r.rejected, r.engine_errors, None if default else list(r.files), r.committed_at]
         )
-        plan = r.plan
-        if plans and plans[-1][0] == plan:
-            plans[-1][1] += 1
-        else:
-            plans.append([plan, 1])
+        _run_length(plans, r.plan)
     encoded: dict[str, Any] = {"version": PLAN_VERSION, "records": rows}
     if any(plan for plan, _ in plans):
         encoded["plans"] = plans
+    if any(writer for writer, _ in writers):
+        encoded["writers"] = writers
     if any(tokens):
         encoded["tokens"] = tokens
     return encoded
 
 
+def _run_length(runs: list[list[Any]], value: Any) -> None:
+    """Add ``value`` to ``runs`` (``[[value, count], ...]``)."""
+    if runs and runs[-1][0] == value:
+        runs[-1][1] += 1
+    else:
+        runs.append([value, 1])
+
+
 def _decode(data: dict[str, Any]) -> dict[str, CommitRecord]:
     plans = (plan for plan, count in data.get("plans", ()) for _ in range(count))
+    writers = (
+        None if writer is None else CommitWriter.from_json(writer)
+        for writer, count in data.get("writers", ())
+        for _ in range(count)
+    )
     tokens = data.get("tokens") or [None] * len(data["records"])
     records = {}
     for (range_id, rows, rejected, engine_errors, files, committed_at), counted in zip(
@@ -347,5 +367,6 @@ def _decode(data: dict[str, Any]) -> dict[str, CommitRecord]:
             tokens_out=tokens_out,
             plan=next(plans, None),
             committed_at=committed_at,
+            writer=next(writers, None),
         )
     return records

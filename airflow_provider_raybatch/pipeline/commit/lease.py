@@ -31,6 +31,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitWriter, task_instance_of
 from airflow_provider_raybatch.pipeline.config import DEFAULT_LEASE_TIMEOUT_S
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, OutputBusyError
 from airflow_provider_raybatch.pipeline.store.files import create_file, ls, read_json, write_json
@@ -51,12 +52,11 @@ class LeaseHolder:
 
     def task_instance(self) -> tuple[str, str, str, str] | None:
         """(dag id, run id, task id, map index) of an Airflow task's run key; None for another key."""
-        if not self.run_key or self.run_key.count("/") < 3:
-            return None
-        # dag/run/task/map_index: dag and task ids hold no "/", a run id may.
-        dag, rest = self.run_key.split("/", 1)
-        run, task, map_index = rest.rsplit("/", 2)
-        return dag, run, task, map_index
+        return task_instance_of(self.run_key)
+
+    def writer(self, started_at: float) -> CommitWriter:
+        """This holder as its commit records name it, its stages started at ``started_at``."""
+        return CommitWriter(self.run_key, self.try_number, self.ray_job, self.host, self.pid, started_at)
 
     def describe(self) -> str:
         who = []

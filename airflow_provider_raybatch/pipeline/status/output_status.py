@@ -1,10 +1,11 @@
 """Where an output stands, read from its bookkeeping only: :class:`OutputStatus`, by :func:`read_status`.
 
 What the command line's ``status`` prints and what a UI would draw: planned and committed ranges
-and rows, rejects, a timeline of rows committed, the current rate and the time left, the lease
-holders and the run's state. It reads ``plan.json``, the commit records (the manifest and the
-segments, once: :meth:`.commit_log.CommitLog.committed`) and the leases' newest generations,
-never a data file, so it answers quickly however large the output (``benchmarks/status.py``).
+and rows, rejects, a timeline of rows committed, the current and average commit rates and the time
+left, the tries that wrote (:mod:`.tries`), the lease holders and the run's state. It reads
+``plan.json``, the commit records (the manifest and the segments, once:
+:meth:`.commit_log.CommitLog.committed`) and the leases' newest generations, never a data file,
+so it answers quickly however large the output (``benchmarks/status.py``).
 
 A table output (:func:`read_table_status`) is read per writer: each writer that staged rows for
 the partition has a generation being written, a Parquet output of its own under the table
@@ -36,6 +37,7 @@ from airflow_provider_raybatch.pipeline.status.timeline import (
     current_rate,
     thin,
 )
+from airflow_provider_raybatch.pipeline.status.tries import WritingTry, average_commit_rate, writing_tries
 from airflow_provider_raybatch.pipeline.status.writers import (
     LeaseStatus,
     ShardStatus,
@@ -74,10 +76,17 @@ class OutputStatus:
     :param path: the output as given (for a table, the writer's staging output).
     :param state: ``done`` (every planned range committed), ``running`` (a live lease),
         ``partial`` (stopped part-way: some committed, no live writer), ``not started``.
-    :param rate_rows_per_s: rows done per second over the last :data:`.timeline.RATE_WINDOW_S` seconds (of
-        the current writer's time, while running), None without commits to measure.
-    :param eta_s: seconds left at that rate, while running.
-    :param lease: the whole output's lease (None: never taken).
+    :param commit_rows_per_s: the current commit rate: rows done per second over the last
+        :data:`.timeline.RATE_WINDOW_S` seconds of the current writer's time, while running; None
+        otherwise, or without commits to measure.
+    :param average_commit_rows_per_s: rows done over the time the tries that wrote them spent
+        committing (:func:`.tries.average_commit_rate`: the gaps between tries are not counted).
+    :param eta_s: seconds left at the current commit rate, while running.
+    :param last_writer: the try that committed the newest range (:meth:`.commit_record.CommitWriter.to_dict`);
+        None without commits, or when its record (of an older release) names no writer.
+    :param tries: the tries that committed ranges, in the order of their last commit (:class:`.tries.WritingTry`).
+    :param lease: the whole output's lease (None: never taken): who holds or last held it, which
+        may be a try that found nothing to do, not the writer.
     :param shards: the mapped shards' writers, by lease key.
     :param timeline: cumulative figures per commit time, oldest first (thinned to :data:`TIMELINE_POINTS`).
     :param writer: a table output's writer folder (else None); ``generation`` the generation read.
@@ -105,8 +114,11 @@ class OutputStatus:
     rows_done: int
     first_commit_at: float | None
     last_commit_at: float | None
-    rate_rows_per_s: float | None
+    commit_rows_per_s: float | None
+    average_commit_rows_per_s: float | None
     eta_s: float | None
+    last_writer: dict[str, Any] | None
+    tries: list[WritingTry]
     lease: LeaseStatus | None
     shards: list[ShardStatus]
     timeline: list[TimelinePoint]
@@ -263,9 +275,11 @@ def _read(
         state = "partial"
     else:
         state = "not started"
-    rate = current_rate(timeline, now if state == "running" else None, min((s.taken_at for s in live), default=None))
+    # Current: of the running writer only; a stopped output's rate is its average.
+    rate = current_rate(timeline, now, min(s.taken_at for s in live)) if state == "running" else None
     rows_done = rows_out + rejected
-    eta = (rows_planned - rows_done) / rate if state == "running" and rate else None
+    eta = (rows_planned - rows_done) / rate if rate else None
+    tries = writing_tries(mine.values())
     return OutputStatus(
         path=ledger.display_path,
         state=state,
@@ -278,8 +292,11 @@ def _read(
         rows_done=rows_done,
         first_commit_at=timeline[0].time if timeline else None,
         last_commit_at=timeline[-1].time if timeline else None,
-        rate_rows_per_s=None if rate is None else round(rate, 1),
+        commit_rows_per_s=None if rate is None else round(rate, 1),
+        average_commit_rows_per_s=average_commit_rate(tries),
         eta_s=None if eta is None else round(eta, 1),
+        last_writer=tries[-1].writer if tries else None,
+        tries=tries,
         lease=lease,
         shards=shards,
         timeline=thin(timeline, TIMELINE_POINTS),

@@ -17,7 +17,7 @@ from airflow_provider_raybatch.pipeline.commit.commit_log import (
     _decode,
     _encode,
 )
-from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
+from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord, CommitWriter
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
 
 
@@ -57,6 +57,33 @@ def test_token_counts_ride_beside_the_rows_only_where_a_model_counted_them():
     assert all(len(row) == 6 for row in encoded["records"])  # the shape earlier versions read
     assert _decode(json.loads(json.dumps(encoded))) == {r.range_id: r for r in records}
     assert "tokens" not in _encode([record("a-0-10")])
+
+
+def test_each_record_names_its_writing_try_beside_the_rows_and_older_readers_skip_it(tmp_path):
+    first = CommitWriter("dag/manual__1/score/-1", 1, None, "h", 11, 100.0)
+    second = CommitWriter("dag/manual__1/score/-1", 2, None, "h", 12, 200.0)
+    records = [
+        record("a-0-10", committed_at=101.0, writer=first),
+        record("a-10-20", committed_at=102.0, writer=first),
+        record("a-20-30", committed_at=201.0, writer=second),
+        record("a-30-40", committed_at=50.0),  # of an older release: writer unknown
+    ]
+    encoded = _encode(records)
+    assert encoded["writers"] == [[first.to_json(), 2], [second.to_json(), 1], [None, 1]]
+    assert all(len(row) == 6 for row in encoded["records"])  # the shape earlier versions read
+    assert _decode(json.loads(json.dumps(encoded))) == {r.range_id: r for r in records}
+    assert "writers" not in _encode([record("a-0-10")])
+    # A per-range record (layout 1) keeps it as a key, which an older reader ignores.
+    layout_1 = record("a-0-10", writer=first).to_json()
+    assert CommitRecord.from_json(layout_1).writer == first
+    assert CommitRecord.from_json({k: v for k, v in layout_1.items() if k != "writer"}).writer is None
+    # The ledger names its writer in every record it writes.
+    log = CommitLog(fsspec.filesystem("file"), str(tmp_path), str(tmp_path), str(tmp_path / "_raybatch"))
+    log.writer = second
+    log.record([record("b-0-10")])
+    assert [r.writer for r in log.committed().values()] == [second]
+    assert second.describe() == "dag / manual__1 / score, try 2"
+    assert CommitWriter("dag/r/score/3", 1).to_dict()["map_index"] == 3
 
 
 def test_of_two_records_of_a_range_the_later_committed_wins():

@@ -96,7 +96,7 @@ def test_a_held_lease_reads_running_with_its_task_instance_until_its_heartbeat_i
             2,
         )
         assert held.live and not held.released and held.holder_gone is False and held.heartbeat_age_s < 30
-        assert status.rate_rows_per_s == 0.0  # nothing committed since it took the lease
+        assert status.commit_rows_per_s == 0.0  # nothing committed since it took the lease
         # Read as if its heartbeat had stopped 90 s ago: past the holder's own lease_timeout (60 s,
         # recorded with its lease), though within the reader's default for older records (120 s).
         later = read_status(str(tmp_path / "out"), now=time.time() + 90)
