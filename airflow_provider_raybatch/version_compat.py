@@ -57,6 +57,17 @@ else:  # Airflow 3.1: the task runner raises and catches these classes
         AirflowTaskTimeout,
     )
 
+
+def redact(text: str) -> str:
+    """``text`` with the secrets Airflow's masker knows of (connections' passwords and extras, masked
+    values) hidden; its module moved under ``airflow.sdk._shared`` after 3.1."""
+    try:
+        from airflow.sdk._shared.secrets_masker import redact as _redact
+    except ImportError:  # Airflow 3.1
+        from airflow.sdk.execution_time.secrets_masker import redact as _redact
+    return str(_redact(text))
+
+
 #: Whether a deferred task's trigger is told when the task is killed (``BaseTrigger.on_kill``).
 TRIGGER_ON_KILL = AIRFLOW_V_3_3_PLUS
 
@@ -82,4 +93,5 @@ __all__ = [
     "AirflowTaskTimeout",
     "conf",
     "note_once",
+    "redact",
 ]

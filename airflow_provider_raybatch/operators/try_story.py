@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.pipeline.errors import ConfigError, OutputBusyError, provider_error_in
+from airflow_provider_raybatch.version_compat import redact
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -58,7 +59,7 @@ def ended_with(try_number: int, error: Exception, started_at: float | None, ende
     return {
         "try_number": try_number,
         "outcome": "refused" if isinstance(cause, REFUSALS) else "failed",
-        "message": _masked(str(cause if cause is not None else error) or type(error).__name__),
+        "message": redact(str(cause if cause is not None else error) or type(error).__name__),
         "started_at": None if started_at is None else round(started_at, 3),
         "ended_at": round(ended_at, 3),
         "wall_s": None if started_at is None else round(ended_at - started_at, 3),
@@ -87,12 +88,3 @@ def _push(ti: Any, record: dict[str, Any]) -> None:
         ti.xcom_push(key=TRY_XCOM_KEY, value=record)
     except Exception as e:  # noqa: BLE001 - the UI's record must not change the try's own outcome
         log.warning("Could not record the try's outcome for the UI: %s", e)
-
-
-def _masked(text: str) -> str:
-    """``text`` with the secrets Airflow knows of (connections' passwords and extras, masked values) hidden."""
-    try:
-        from airflow.sdk._shared.secrets_masker import redact
-    except ImportError:  # Airflow 3.1
-        from airflow.sdk.execution_time.secrets_masker import redact
-    return str(redact(text))
