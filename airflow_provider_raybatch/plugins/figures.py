@@ -194,13 +194,13 @@ def summary_line(output: ResolvedOutput) -> dict[str, Any]:
         return line
     rows_planned = sum(s.rows_planned for s in statuses)
     rows_done = sum(s.rows_done for s in statuses)
-    states = {s.state for s in statuses}
+    state = combined_state(statuses)
     line.update(
         found=True,
-        state=next((s for s in ("running", "partial", "not started", "done") if s in states), "done"),
+        state=state,
         rows_planned=rows_planned,
         rows_done=rows_done,
-        fraction_done=round(rows_done / rows_planned, 6) if rows_planned else float(states == {"done"}),
+        fraction_done=round(rows_done / rows_planned, 6) if rows_planned else float(bool(statuses) and state == "done"),
         rows_rejected=sum(s.rows_rejected for s in statuses),
         **token_sums(statuses),
         ranges_planned=sum(s.ranges_planned for s in statuses),
@@ -211,6 +211,13 @@ def summary_line(output: ResolvedOutput) -> dict[str, Any]:
     if output.ref.map_index >= 0 and statuses:
         line["shard"] = _own_shard(statuses[0].to_dict(), output)
     return line
+
+
+def combined_state(statuses: list[Any]) -> str:
+    """One state for an output's statuses (a table's writers): the first of running, partial, not
+    started found, else done."""
+    states = {s.state for s in statuses}
+    return next((s for s in ("running", "partial", "not started") if s in states), "done")
 
 
 def token_sums(statuses: list[Any]) -> dict[str, int]:
@@ -255,13 +262,11 @@ def _verify(output: ResolvedOutput) -> dict[str, Any]:
     ranges are no fault yet) and none of the verifier's reading of every file."""
     from airflow_provider_raybatch.pipeline.status import read_output, verify
 
-    # An unfinished output's state in words, the first one found of its writers' (a table's) in this order.
     not_done = {"running": "running", "partial": "stopped part-way, no writer running", "not started": "not started"}
     ref = output_ref(output)
     statuses = read_output(ref)
-    states = {s.state for s in statuses}
-    state = next((s for s in not_done if s in states), None)
-    if state is not None:
+    state = combined_state(statuses)
+    if state != "done":
         committed = sum(s.ranges_committed for s in statuses)
         planned = sum(s.ranges_planned for s in statuses)
         return {
