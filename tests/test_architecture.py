@@ -177,15 +177,16 @@ HEAVY_MODULES = ("ray", "torch", "vllm", "transformers", "daft")
 
 SERVE_AN_OUTPUT = """
 import sys
-from benchmarks.status import write_output
+from benchmarks.status import finish, write_output
 from airflow_provider_raybatch.plugins import figures
 from airflow_provider_raybatch.plugins.outputs import ResolvedOutput, TaskRef
 writer = write_output(sys.argv[1], None, ranges=200, per_segment=30, done=120)
 output = ResolvedOutput(TaskRef("d", "r", "t"), sys.argv[1], "parquet", None, None, "rendered", "running", 1, False)
 document = figures.output_figures(output)
 assert document["found"] and document["outputs"][0]["ranges_committed"] == 120, document
-assert figures.verify(output)["ok"] is False  # its data files were never written
-writer[1].release()
+assert figures.verify(output)["unfinished"]  # a running output: no verdict yet
+finish(*writer, ranges=200, per_segment=30)
+assert figures.verify(output)["ok"] is False  # done, but its data files were never written
 print(sorted(m for m in sys.modules if m.split(".")[0] in %r))
 """
 
