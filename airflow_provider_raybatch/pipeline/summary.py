@@ -182,8 +182,10 @@ class Progress:
         self.rows_processed = 0
         #: Rows of this run in files the write steps reported (committed or not yet).
         self.rows_written = 0
-        #: (range id, time.monotonic()) of this run's latest commit, for the no-progress watchdog.
+        #: (range id, time.monotonic()) of this run's latest commit, for the no-progress watchdog;
+        #: its commit record's time (wall clock), for the commit rate.
         self.last_commit: tuple[str, float] | None = None
+        self.last_committed_at: float | None = None
         #: Rows the last stage has scored in this run, as its replicas report them (see :meth:`clock`).
         self._scored: Callable[[], int] = lambda: 0
         #: When the stages started and ended (time.monotonic()), and the wall time they started at.
@@ -203,10 +205,12 @@ class Progress:
         return max(self._scored(), self.rows_written, self.rows_processed)
 
     def commit_rate(self) -> float | None:
-        """This run's commit rate: rows committed from its stages' start to its last commit."""
-        if self.stages_started is None or self.last_commit is None or self.last_commit[1] <= self.stages_started:
+        """This run's commit rate: rows committed from its stages' start to its last commit, by the
+        commit records' own times (as the output's status measures it)."""
+        start, end = self.stages_started_at, self.last_committed_at
+        if start is None or end is None or end <= start:
             return None
-        return self.rows_processed / (self.last_commit[1] - self.stages_started)
+        return self.rows_processed / (end - start)
 
     def scoring_rate(self) -> float | None:
         """This run's scoring rate: rows scored since its stages started (to their end, once ended)."""
@@ -220,6 +224,7 @@ class Progress:
         row_range = self.plan.ranges[index]
         record = record or CommitRecord(row_range.id, (), row_range.rows)
         self.last_commit = (row_range.id, time.monotonic())
+        self.last_committed_at = record.committed_at if record.committed_at is not None else time.time()
         self.done += 1
         self.rows_processed += record.input_rows
         self.rows_out += record.rows

@@ -143,8 +143,9 @@ class CommitLog:
         self._segments_seen = self._segments_seen or bool(read["segments"])
         return records, listed["records"] + listed["segments"]
 
-    def record(self, records: list[CommitRecord]) -> None:
+    def record(self, records: list[CommitRecord]) -> list[CommitRecord]:
         """Write the records of published ranges durably: then, and only then, are they committed.
+        Returns them as written (with their commit time and writer).
 
         Layout 2: one new segment holding them all (then this writer's segments are merged where a
         level is full); layout 1: one file per range. If they cannot be written, their files are
@@ -152,16 +153,18 @@ class CommitLog:
         names the ranges.
         """
         if not records:
-            return
+            return []
         self.fence()
         if self.version == PER_RANGE_RECORDS:
+            written = [r.committed(None, self.writer) for r in records]
             writes = [
-                (f"{self.commits_dir}/{r.range_id}.json", r.committed(None, self.writer).to_json(), [r])
-                for r in records
+                (f"{self.commits_dir}/{w.range_id}.json", w.to_json(), [r])
+                for r, w in zip(records, written, strict=True)
             ]
         else:
             now = round(time.time(), 3)
-            writes = [(self._segment_path(0), _encode([r.committed(now, self.writer) for r in records]), records)]
+            written = [r.committed(now, self.writer) for r in records]
+            writes = [(self._segment_path(0), _encode(written), records)]
         for done, (path, payload, _) in enumerate(writes):
             try:
                 write_json(self.fs, path, payload, compact=self.version != PER_RANGE_RECORDS)
@@ -188,6 +191,7 @@ class CommitLog:
             if self.version != PER_RANGE_RECORDS:
                 self._levels.setdefault(0, []).append(path)
         self._merge(SEGMENT_FANOUT)
+        return written
 
     def _segment_path(self, level: int) -> str:
         self._seq += 1

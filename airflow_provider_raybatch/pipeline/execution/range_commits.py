@@ -160,10 +160,11 @@ class RangeCommits:
             if not self.pending:
                 return
             batch, self.pending = self.pending, []
-            self.ledger.record([record for _, record in batch])
-            self._records.update((record.range_id, record) for _, record in batch)
+            # As written: their commit time is the one the output's status measures rates by.
+            written = self.ledger.record([record for _, record in batch])
+            self._records.update((record.range_id, record) for record in written)
             self._first_recorded = True
-            for index, record in batch:
+            for (index, _), record in zip(batch, written, strict=True):
                 crash_point("committed")
                 self.progress.committed(index, record)
             self.progress.check_errors(self.config.max_error_fraction, self.ledger.display_path, final=False)
