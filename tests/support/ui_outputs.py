@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime
@@ -87,6 +88,18 @@ def outputs_dag(
     return dag
 
 
+def serialize(dag) -> None:
+    """Write ``dag`` to the metadata DB, as the DAG processor would (and ``run_dag`` does first)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+
+    from tests.support.airflow_versions import DagBag, sync_bag_to_db
+
+    DagBundlesManager().sync_bundles_to_db()
+    bag = DagBag(dag_folder=tempfile.mkdtemp())
+    bag.bag_dag(dag)
+    sync_bag_to_db(bag, "dags-folder", None)
+
+
 RUN_DAG = """
 import json, sys
 from datetime import datetime
@@ -119,10 +132,21 @@ def start_run(
 def run_killed(root: Path, logical_date: datetime, commits: int, **dag_kwargs: Any) -> subprocess.Popen:
     """Run the DAG's task for ``logical_date`` in a process of its own, SIGKILLed right after its
     ``commits``-th commit record: a task instance killed part-way."""
-    proc = start_run(root, logical_date, {"RAYBATCH_TEST_CRASH": f"committed:{commits}"}, **dag_kwargs)
-    proc.output = proc.communicate(timeout=300)[0]
-    kill_leftovers(proc.ray_tmp)
-    return proc
+    return runs_killed(root, {logical_date: commits}, **dag_kwargs)[logical_date]
+
+
+def runs_killed(root: Path, commits: dict[datetime, int], **dag_kwargs: Any) -> dict[datetime, subprocess.Popen]:
+    """:func:`run_killed` for each logical date of ``commits``, side by side (each waits for its own Ray)."""
+    if len(commits) > 1:  # serialized here first: processes serializing a new DAG at once race on its asset
+        serialize(outputs_dag(root, **dag_kwargs))
+    procs = {
+        date: start_run(root, date, {"RAYBATCH_TEST_CRASH": f"committed:{n}"}, **dag_kwargs)
+        for date, n in commits.items()
+    }
+    for proc in procs.values():
+        proc.output = proc.communicate(timeout=300)[0]
+        kill_leftovers(proc.ray_tmp)
+    return procs
 
 
 #: Users of the simple auth manager: an admin; in team_a (which owns the DAG's bundle) a user and a
@@ -201,6 +225,8 @@ class RangeByRangeWriter:
         self.lease = Lease(self.ledger.fs, self.ledger.lease_folder(), output, holder, timeout_s=600)
         self.lease.acquire()
         self.ledger.fence = self.lease.check
+        # Its records name the lease's holder as the runner's do: the try's story counts them as its own.
+        self.ledger.writer = holder.writer(time.time())
         self.interval_s = interval_s
         self.stop = threading.Event()
         self.committed = 0
