@@ -90,12 +90,6 @@ class RunSummary:
     tokens_out_processed: int | None = None
 
     @property
-    def rows_per_second(self) -> float:
-        """Deprecated (kept one release in the XCom form): rows over the wall time, no rate of the
-        docs'. Read ``commit_rows_per_s``."""
-        return round(self.rows_processed / self.seconds, 1) if self.seconds > 0 else 0.0
-
-    @property
     def tokens_per_second(self) -> float | None:
         """Tokens generated per second by this run (None where no model counted tokens)."""
         if self.tokens_out_processed is None:
@@ -106,7 +100,6 @@ class RunSummary:
         """The XCom / asset-event form; optional fields appear only when set."""
         data = {k: v for k, v in asdict(self).items() if v is not None}
         data["seconds"] = round(self.seconds, 3)
-        data["rows_per_second"] = self.rows_per_second
         if self.tokens_per_second is not None:
             data["tokens_per_second"] = self.tokens_per_second
         return data
