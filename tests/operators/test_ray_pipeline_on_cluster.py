@@ -66,6 +66,23 @@ def wait_for_running_job(cluster, dag_id: str, process: subprocess.Popen, tmp_pa
     raise AssertionError("the task never got a RUNNING job")
 
 
+def wait_for_lease(output: str, submission_id: str, process: subprocess.Popen, tmp_path) -> None:
+    """Until the Ray job ``submission_id`` holds the output's lease (a RUNNING job may not have taken it yet)."""
+    from airflow_provider_raybatch.pipeline.status import OutputNotFoundError, read_status
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            lease = read_status(output).lease
+        except OutputNotFoundError:
+            lease = None
+        if lease is not None and lease.live and lease.ray_job == submission_id:
+            return
+        assert process.poll() is None, (tmp_path / "task-process.log").read_text()[-3000:]
+        time.sleep(0.5)
+    raise AssertionError(f"the Ray job {submission_id} never held the lease of {output}")
+
+
 def wait_for_status(cluster, submission_id: str, wanted: str) -> str:
     hook = RayHook(CONN_ID)
     deadline = time.monotonic() + 60
@@ -229,6 +246,8 @@ def test_a_second_run_on_an_output_fails_naming_the_ray_job_that_writes_it(tmp_p
     process = start_task_process(tmp_path, dag_id="writer_one", **common)
     sid = wait_for_running_job(cluster, "writer_one", process, tmp_path)
     try:
+        # A RUNNING job starts its driver: on a loaded machine the second run's job could take the lease first.
+        wait_for_lease(common["output_path"], sid, process, tmp_path)
         ti = run_dag(cluster_dag("writer_two", **common), LOGICAL_DATE).get_task_instance("score")
         assert ti.state == "failed"
         log = capfd.readouterr().out
