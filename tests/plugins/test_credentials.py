@@ -7,7 +7,7 @@ import json
 
 from airflow_provider_raybatch.plugins import figures
 from airflow_provider_raybatch.plugins.outputs import ResolvedOutput, TaskRef
-from benchmarks.status import write_output
+from benchmarks.status import finish, write_output
 from benchmarks.support.data import moto_s3
 from tests.support.ui_outputs import environment
 
@@ -17,7 +17,7 @@ SECRET = "s3cr3t-for-the-server-only"
 def test_a_remote_output_is_read_with_the_tasks_connection_and_no_secret_is_answered():
     options, server = moto_s3("ui-bucket")
     try:
-        write_output("s3://ui-bucket/out", options, ranges=20, per_segment=5, done=12)[1].release()
+        writer = write_output("s3://ui-bucket/out", options, ranges=20, per_segment=5, done=12)
         connection = {
             "conn_type": "aws",
             "login": "testing",
@@ -35,6 +35,7 @@ def test_a_remote_output_is_read_with_the_tasks_connection_and_no_secret_is_answ
             document = figures.output_figures(output("ui_s3_conn"))
             [status] = document["outputs"]
             assert document["found"] and status["ranges_committed"] == 12 and status["ranges_planned"] == 20
+            finish(*writer, ranges=20, per_segment=5)  # done: the verifier reads every file of it
             verdict = figures.verify(output("ui_s3_conn"))
             assert verdict["ok"] is False and verdict["faults"]  # its data files were never written
             missing = figures.output_figures(output("no_such_conn"))
