@@ -46,7 +46,9 @@ def listening_ports(pids: list[int]) -> set[int]:
     ports = set()
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            ports |= {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+            ports |= {
+                c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN
+            }
     return ports
 
 
