@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -64,8 +65,7 @@ def ray_session(
         yield None
         return
     if address is not None:
-        import ray
-
+        ray = _import_ray()
         log.info("Connecting to Ray at %s", address)
         ray.init(address=address, configure_logging=False, namespace=namespace)
         with _shutdown_after():
@@ -80,7 +80,7 @@ def ray_session(
         log.info("A shared local Ray needs Linux: starting one for this task")
     log.info("Starting an embedded local Ray for this task")
     temp_dir = ray_temp_dir(*per_task_ray_dir())  # before anything starts: a folder too long for its sockets
-    import ray
+    ray = _import_ray()
 
     # Before ray.init: a kill during the start (seconds) must not leave processes either.
     reaper = start_reaper()
@@ -103,6 +103,22 @@ def ray_session(
     finally:
         if reaper is not None:
             reaper.disarm()
+
+
+def _import_ray() -> Any:
+    """``import ray``, and, on this thread, what Ray's log thread imports later.
+
+    Once connected, Ray prints the cluster's log lines to the driver from a thread of its own, which imports
+    ``ray.autoscaler.v2.utils`` at the first autoscaler event; meanwhile this thread's first ``DataContext``
+    imports ``ray.util.state``, which imports ``ray.autoscaler`` too. Two threads importing one cycle of modules
+    at once fail ("cannot import name 'DictCount' from partially initialized module"; seen on Ray 2.55.1 in a
+    retry that started a new head). Imported here, before ``ray.init`` starts that thread, both find them whole.
+    """
+    import ray
+
+    with contextlib.suppress(ImportError):  # where a later Ray moved it, its thread does not import it either
+        import ray.autoscaler.v2.utils  # noqa: F401
+    return ray
 
 
 def prestart_workers(count: int, keep_alive_s: float | None = None) -> bool:
@@ -136,7 +152,7 @@ def _shared_session(
         saved = use_head_token(client.token_path)
         try:
             joined = time.monotonic()
-            import ray
+            ray = _import_ray()
 
             runtime_env = client.runtime_env(python_path_runtime_env(), preload)  # this task's environment alone
             with _on_loopback():
