@@ -82,7 +82,7 @@ test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
 # and this venv's with a cluster of the oldest Ray (the operator's run, and a failed job resubmitted that
 # resumes: the cluster runs the provider's job code on its own Ray). A sample, not the suite twice: each
 # test touches what moved between releases (Airflow's asset, connection-form and trigger APIs; Ray Data's
-# execution, the raylet's worker prestart, `ray start`'s processes, the Jobs API). About 6 minutes on 2 cores.
+# execution, the raylet's worker prestart, `ray start`'s processes, the Jobs API). About 8 minutes on 2 cores.
 OLDEST := airflow-3.1.8-ray-2.55.1
 OLDEST_VENV := .venv-oldest
 # Of the runner's tests, those whose outcome depends on how Ray Data executes (the rest check settings
