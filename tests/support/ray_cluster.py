@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from airflow_provider_raybatch.pipeline.runtime.shared.monitor import KERNEL_WORKER_PORTS
 from tests.conftest import REPO, free_port
 
 #: Environment variable: the `bin` folder of the venv the cluster runs (default: this one's).
@@ -71,9 +72,7 @@ class LocalRayCluster:
             f"--dashboard-agent-grpc-port={ports[3]}",
             f"--metrics-export-port={ports[4]}",
             f"--runtime-env-agent-port={ports[5]}",
-            # Not `ray start`'s 10002 up: every node and local Ray on the host would hand out the same first ports.
-            "--min-worker-port=0",
-            "--max-worker-port=0",
+            *KERNEL_WORKER_PORTS,  # every node and local Ray on the host would hand out the same first ports
             "--disable-usage-stats",
         ]
         if resources:

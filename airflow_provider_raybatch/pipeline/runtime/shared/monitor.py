@@ -30,6 +30,10 @@ from airflow_provider_raybatch.pipeline.runtime.shared.folder import (
 from airflow_provider_raybatch.pipeline.runtime.shared.head_processes import free_port, kill_head, start_time
 
 _READY_LINE = "Ray runtime started"
+#: `ray start` hands its workers and drivers ports from 10002 up, each head counting on its own: the second Ray
+#: on a host gave its first worker 10002 too, and that process died binding it (a driver: the Airflow task).
+#: 0 lets the kernel pick each one, as `ray.init()` does.
+KERNEL_WORKER_PORTS = ("--min-worker-port=0", "--max-worker-port=0")
 
 
 def _start_ray(root: Path, params: Mapping[str, Any]) -> tuple[subprocess.Popen, int]:
@@ -57,11 +61,7 @@ def _start_ray(root: Path, params: Mapping[str, Any]) -> tuple[subprocess.Popen,
         f"--dashboard-agent-grpc-port={free_port()}",
         f"--metrics-export-port={free_port()}",
         f"--runtime-env-agent-port={free_port()}",
-        # `ray start` hands its workers and drivers ports from 10002 up, each head counting on its own: the
-        # second Ray on a host gave its first worker 10002 too, and that process died binding it (a driver: the
-        # Airflow task). 0 lets the kernel pick each one, as `ray.init()` does.
-        "--min-worker-port=0",
-        "--max-worker-port=0",
+        *KERNEL_WORKER_PORTS,
     ]
     if params.get("num_cpus") is not None:
         command.append(f"--num-cpus={params['num_cpus']}")
