@@ -19,7 +19,7 @@ DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 # Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
 TODAY := $(shell date -u +%F)
 
-.PHONY: demo demo-llm test test-fast test-compat oldest-env vllm-env test-vllm bench-vllm gpu-check lint docs bench soak daft-env clean
+.PHONY: demo demo-llm test test-fast test-compat test-compat-oldest test-compat-across oldest-env vllm-env test-vllm bench-vllm gpu-check lint docs bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -117,8 +117,14 @@ $(OLDEST_VENV)/.installed: pyproject.toml constraints/$(OLDEST).txt
 
 oldest-env: $(OLDEST_VENV)/.installed
 
-test-compat: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
+# Two parts: the oldest Airflow and Ray (test-compat-oldest), then clusters whose Ray is not the driver's
+# (test-compat-across), which .ci/run runs beside the vLLM job.
+test-compat: test-compat-oldest test-compat-across
+
+test-compat-oldest: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/python -m pytest $(XDIST) $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
+
+test-compat-across: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(VENV)/bin $(OLDEST_VENV)/bin/python -m pytest $(CLUSTER_TESTS) -k $(ACROSS) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(OLDEST_VENV)/bin $(PY) -m pytest tests/operators/test_ray_pipeline_on_cluster.py -k "runs_on_the_cluster or resubmitted" $(PYTEST_ARGS)
 
