@@ -1,9 +1,13 @@
 """The engines, one class each, found by name: :func:`get_engine` (see :mod:`.base` to add one).
 
-Importing this package registers the built-in engines: ``openai``, ``transformers``, ``vllm``.
+Importing this package registers the built-in engines: ``openai``, ``transformers``, ``vllm`` (chat);
+``transformers`` (embedding).
 """
 
 from airflow_provider_raybatch.llm.engines.base import (
+    CHAT,
+    EMBEDDING,
+    EmbeddingEngine,
     Engine,
     ProcessorEngine,
     engine_names,
@@ -13,12 +17,17 @@ from airflow_provider_raybatch.llm.engines.base import (
 )
 from airflow_provider_raybatch.llm.engines.openai import OpenAIEngine
 from airflow_provider_raybatch.llm.engines.transformers import TransformersEngine
+from airflow_provider_raybatch.llm.engines.transformers_embedding import TransformersEmbeddingEngine
 from airflow_provider_raybatch.llm.engines.vllm import VLLMEngine
 
 __all__ = [
+    "CHAT",
+    "EMBEDDING",
+    "EmbeddingEngine",
     "Engine",
     "OpenAIEngine",
     "ProcessorEngine",
+    "TransformersEmbeddingEngine",
     "TransformersEngine",
     "VLLMEngine",
     "engine_names",

