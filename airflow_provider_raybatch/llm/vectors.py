@@ -11,7 +11,6 @@ from airflow_provider_raybatch.pipeline.columns import (
     REJECT_COLUMN,
     REJECT_KIND_COLUMN,
     TOKENS_IN_COLUMN,
-    TOKENS_OUT_COLUMN,
 )
 
 if TYPE_CHECKING:
@@ -43,8 +42,7 @@ def embedding_output(
         task.output_column: vectors.astype(task.dtype),
         REJECT_COLUMN: reasons,
         REJECT_KIND_COLUMN: [INVALID_INPUT if r else None for r in reasons],
-        TOKENS_IN_COLUMN: tokens,
-        TOKENS_OUT_COLUMN: [None] * len(tokens),  # an embedding generates nothing
+        TOKENS_IN_COLUMN: tokens,  # and no generated tokens: an embedding generates nothing
     }
     if task.truncated_column:
         out[task.truncated_column] = truncated

@@ -118,7 +118,7 @@ def test_bad_settings_are_refused_before_any_work_naming_the_setting(tmp_path, b
     write_texts(tmp_path / "docs", 10)
     for kwargs, message in [
         ({"dtype": "float64"}, r"dtype must be one of \('float32', 'float16'\), got 'float64'"),
-        ({"engine": "vllm"}, r"engine must be one of \('transformers',\), got 'vllm'"),
+        ({"engine": "vllm"}, r"engine must be one of the embedding engines \('transformers',\), got 'vllm'"),
         ({"output_column": "__x"}, "output_column must be a plain column name, got '__x'"),
         ({"truncated_column": "embedding"}, "the output columns must differ"),
         ({"engine_kwargs": {"pooling": "max"}}, r"pooling must be one of \('mean', 'cls'\)"),

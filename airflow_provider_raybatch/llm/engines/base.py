@@ -1,6 +1,7 @@
 """What an engine is, and the registry that finds one by name.
 
-An engine answers a :class:`~airflow_provider_raybatch.llm.config.ChatTask`. Its class says
+An engine answers a :class:`~airflow_provider_raybatch.llm.config.ChatTask` (an
+:class:`EmbeddingEngine` embeds texts instead, registered apart: see its class). Its class says
 everything that differs between engines: which settings it accepts, what its replicas need by
 default, how its pipeline stage is built and, for an engine run as a ``ray.data.llm`` processor,
 the processor's config and the shapes of a request and an answer. Nothing else compares engine
@@ -194,7 +195,8 @@ def get_engine(name: str, task: str = CHAT) -> Engine:
     listing the known ones."""
     engine = find_engine(name, task)
     if engine is None:
-        raise ConfigError(f"engine must be one of {engine_names(task)}, got {name!r}")
+        among = "" if task == CHAT else f"the {task} engines "
+        raise ConfigError(f"engine must be one of {among}{engine_names(task)}, got {name!r}")
     return engine
 
 

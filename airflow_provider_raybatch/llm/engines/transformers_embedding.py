@@ -91,6 +91,8 @@ class TransformersEmbedder:
         return min(int(self.tokenizer.model_max_length or _UNSET_LENGTH), int(positions))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        import numpy as np
+
         texts = [None if t is None else self.task.prefix + str(t) for t in batch[self.task.text_column]]
         reasons = [f"{self.task.text_column} is null" if t is None else None for t in texts]
         given = [t for t in texts if t is not None]
@@ -98,8 +100,6 @@ class TransformersEmbedder:
         full = [None if t is None else next(lengths) for t in texts]
         vectors = self._embed(given)
         dimension = vectors.shape[1]
-        import numpy as np
-
         rows = iter(vectors)
         # A rejected row's vector is never written (the row goes to the rejects): zeros keep the shape.
         out = np.stack([np.zeros(dimension, np.float32) if t is None else next(rows) for t in texts])
