@@ -1,7 +1,7 @@
 """EmbeddingOperator in a real Airflow (`dag.test()`) on a real local Ray with a tiny random BERT:
-the vectors' type, dimension, normalisation, float16 storage and truncation, a Delta table, a
-killed run resumed exactly once, a changed model refused; and a real model's vectors against
-sentence-transformers'."""
+the vectors' type, dimension, normalisation, float16 storage and truncation, a Delta table, the
+UI's view, a killed run resumed exactly once, a changed model refused; and a real model's vectors
+against sentence-transformers'."""
 
 from __future__ import annotations
 
@@ -18,11 +18,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from airflow.sdk import DAG
+from airflow.utils.session import create_session
 
 from airflow_provider_raybatch.operators.embedding import EmbeddingOperator
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, OutputSchemaError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.plugins import figures
+from airflow_provider_raybatch.plugins.outputs import TaskRef, inference_tasks, resolve
 from tests.conftest import run_dag
 from tests.support.embedding_models import WORDS, build_tiny_bert
 from tests.support.llm_dags import LOGICAL_DATE
@@ -107,6 +110,12 @@ def test_the_operator_writes_fixed_size_normalised_vectors_into_parquet_and_delt
     assert out["truncated"].to_pylist() == [n > MAX_TOKENS for n in full] and any(out["truncated"].to_pylist())
     assert (summary["tokens_in"], summary["rows_rejected"]) == (sum(tokens), 1)
     assert pq.read_table(tmp_path / "embed" / "_rejects")["reason"].to_pylist() == ["text is null"]
+    # The UI's view finds the task's output: its ranges, its tokens.
+    with create_session() as session:
+        assert set(inference_tasks("embed_docs", session)) == {"embed", "table"}
+        output = resolve(TaskRef("embed_docs", run.run_id, "embed"), session)
+    [status] = figures.output_figures(output, detail=False)["outputs"]
+    assert (status["state"], status["ranges_committed"], status["tokens_in"]) == ("done", 4, sum(tokens))
     table = read_table(tmp_path, "delta", "2026-11-21").sort_by("id")
     assert table["id"].to_pylist() == embedded
     plain, _ = direct(bert, [rows[i] for i in embedded])
@@ -137,6 +146,8 @@ SPEC_SCRIPT = """
 import json, sys
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.plugins import figures
+from airflow_provider_raybatch.plugins.outputs import TaskRef, inference_tasks, resolve
 run_batch_inference(BatchInferenceConfig.from_spec(json.loads(sys.argv[1])))
 """
 
