@@ -6,9 +6,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.llm.build import DEFAULT_BATCH_SIZE
-from airflow_provider_raybatch.llm.config import EmbeddingTask, EngineConfig
+from airflow_provider_raybatch.llm.config import DEFAULT_API_KEY_ENV, EmbeddingTask, EngineConfig
 from airflow_provider_raybatch.llm.embedding import build_embedding_stage
+from airflow_provider_raybatch.llm.engines import EMBEDDING, find_engine, get_engine
 from airflow_provider_raybatch.operators.arguments import RESOURCE_ARGUMENTS, resource_param_docs, resource_values
+from airflow_provider_raybatch.operators.endpoint import EndpointConnection
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
 from airflow_provider_raybatch.operators.rendered import as_kind, rendered_replica_resources
 from airflow_provider_raybatch.pipeline.errors import ConfigError
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
     from airflow_provider_raybatch.pipeline.config import Stage
 
 
-class EmbeddingOperator(RayPipelineOperator):
+class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     """Embed the text of every row of a Parquet input with an embedding model, on Ray Data; write
     the vectors as a ``FixedSizeList<float32>`` (or ``float16``) column of the model's dimension.
 
@@ -38,8 +40,9 @@ class EmbeddingOperator(RayPipelineOperator):
     :param model: a model id or a local folder (``transformers``: a Hugging Face encoder, such as a
         sentence-transformers model folder) (templated).
     :param engine: ``"transformers"`` (``AutoModel`` in a Ray Data actor, CPU or GPU; mean or CLS
-        pooling as the model folder's sentence-transformers config says, else mean) or another
-        registered embedding engine (templated).
+        pooling as the model folder's sentence-transformers config says, else mean), ``"openai"``
+        (an OpenAI-compatible ``/embeddings`` endpoint, from the ``openai_conn_id`` connection) or
+        another registered embedding engine (templated).
     :param prefix: put before every text, for models trained with an instruction, e.g. E5's
         ``"query: "`` (templated).
     :param output_column: the column holding the vectors (templated).
@@ -51,7 +54,13 @@ class EmbeddingOperator(RayPipelineOperator):
     :param token_columns: also write each row's input tokens (after truncation) as the column
         ``num_input_tokens``.
     :param engine_kwargs: engine arguments: transformers ``max_model_len`` (the length texts are cut
-        to), ``pooling`` (``"mean"`` or ``"cls"``), ``device``, ``dtype``, ``num_threads`` (templated).
+        to), ``pooling`` (``"mean"`` or ``"cls"``), ``device``, ``dtype``, ``num_threads``; openai
+        ``max_retries``, ``retry_wait_s``, ``qps``, ``timeout_s``, ``dimensions`` (templated).
+    :param openai_conn_id: for an endpoint engine (``openai``): a connection whose host is the
+        endpoint's base URL (``https://api.openai.com/v1``) and whose password is the API key.
+    :param api_key_env: the environment variable through which the key reaches the pipeline's
+        driver: set by this operator for an embedded Ray; on a Ray cluster it must be set in the
+        cluster's environment (the key never travels with the job).
     """
 
     template_fields: Sequence[str] = (
@@ -96,6 +105,8 @@ class EmbeddingOperator(RayPipelineOperator):
         memory: int | None = ReplicaResources.memory,
         accelerator_type: str | None = ReplicaResources.accelerator_type,
         ray_resources: dict[str, float] | None = ReplicaResources.resources,
+        openai_conn_id: str = "openai_default",
+        api_key_env: str = DEFAULT_API_KEY_ENV,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -117,6 +128,8 @@ class EmbeddingOperator(RayPipelineOperator):
         self.memory = memory
         self.accelerator_type = accelerator_type
         self.ray_resources = ray_resources
+        self.openai_conn_id = openai_conn_id
+        self.api_key_env = api_key_env
 
     def embedding_task(self) -> EmbeddingTask:
         """What to embed, from the rendered arguments."""
@@ -133,7 +146,11 @@ class EmbeddingOperator(RayPipelineOperator):
     def engine_config(self) -> EngineConfig:
         """Which engine embeds, from the rendered arguments."""
         return EngineConfig(
-            engine=self.engine, model=self.model, engine_kwargs=as_kind(self.engine_kwargs, dict, "engine_kwargs")
+            engine=self.engine,
+            model=self.model,
+            engine_kwargs=as_kind(self.engine_kwargs, dict, "engine_kwargs"),
+            base_url=self.endpoint_url(get_engine(self.engine, EMBEDDING)),
+            api_key_env=self.api_key_env,
         )
 
     def build_stages(self, context: Context) -> list[Stage]:
@@ -144,6 +161,10 @@ class EmbeddingOperator(RayPipelineOperator):
             )
         resources = rendered_replica_resources(**resource_values(self))
         return [build_embedding_stage(self.embedding_task(), self.engine_config(), resources)]
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with self.api_key_in_environment(find_engine(self.engine, EMBEDDING)):
+            return super().execute(context)
 
 
 EmbeddingOperator.__doc__ = (EmbeddingOperator.__doc__ or "").rstrip() + resource_param_docs(

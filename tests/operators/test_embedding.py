@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,7 @@ from airflow_provider_raybatch.plugins.outputs import TaskRef, inference_tasks, 
 from tests.conftest import run_dag
 from tests.support.embedding_models import WORDS, build_tiny_bert
 from tests.support.llm_dags import LOGICAL_DATE
+from tests.support.openai_server import OpenAIServer
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, kill_leftovers, own_ray_env
 from tests.support.tables import read_table
 
@@ -83,8 +85,7 @@ def operator(tmp_path, model, task_id: str = "embed", **kwargs) -> EmbeddingOper
         model=str(model),
         id_column="id",
         rows_per_range=10,
-        max_error_fraction=0.1,  # the missing text
-        **{"text_column": "text", **kwargs},
+        **{"text_column": "text", "max_error_fraction": 0.1, **kwargs},  # 0.1: the missing text
     )
 
 
@@ -127,7 +128,7 @@ def test_bad_settings_are_refused_before_any_work_naming_the_setting(tmp_path, b
     write_texts(tmp_path / "docs", 10)
     for kwargs, message in [
         ({"dtype": "float64"}, r"dtype must be one of \('float32', 'float16'\), got 'float64'"),
-        ({"engine": "vllm"}, r"engine must be one of the embedding engines \('transformers',\), got 'vllm'"),
+        ({"engine": "vllm"}, r"engine must be one of the embedding engines \('openai', 'transformers'\), got 'vllm'"),
         ({"output_column": "__x"}, "output_column must be a plain column name, got '__x'"),
         ({"truncated_column": "embedding"}, "the output columns must differ"),
         ({"engine_kwargs": {"pooling": "max"}}, r"pooling must be one of \('mean', 'cls'\)"),
@@ -236,3 +237,78 @@ def test_a_real_models_vectors_are_sentence_transformers_and_rank_a_paraphrase_f
     similar = unit @ unit.T
     for a, paraphrase, unrelated in [(0, 1, 2), (3, 4, 5), (2, 5, 3)]:
         assert similar[a, paraphrase] > similar[a, unrelated] + 0.2
+
+
+def endpoint_vector(text: str) -> list[float]:
+    """What the test's endpoint answers for a text: 8 numbers fixed by the text."""
+    return np.random.default_rng(zlib.crc32(text.encode())).normal(size=8).round(6).tolist()
+
+
+def test_the_openai_engine_embeds_through_an_endpoint_that_throttles_fails_and_refuses_texts(
+    tmp_path, monkeypatch, capfd
+):
+    """A real HTTP endpoint: a 429 and a 503 are waited out, a text it refuses (400) is rejected alone while
+    the rest of its request is embedded, a wrong key (401) fails the try naming the status; the key is sent
+    as a bearer token and is nowhere in the output or the log."""
+    rows = write_texts(tmp_path / "docs", 30)
+    refused = {i for i, r in enumerate(rows) if r is not None and i % 11 == 3}
+    key = "sk-embed-test-0451"
+    busy = iter([429, 503])  # the first two requests
+
+    def respond(body):
+        if body.get("model") != "m" or body.get("encoding_format") != "float":
+            return 422, {"error": {"message": f"unexpected body {body}"}}
+        status = next(busy, None)
+        if status is not None:
+            return status, {"error": {"message": "slow down"}}
+        if any(rows[i] is not None and "passage: " + rows[i] in body["input"] for i in refused):
+            return 400, {"error": {"message": "this input is too long for the model"}}
+        data = [
+            {"object": "embedding", "index": n, "embedding": endpoint_vector(t)} for n, t in enumerate(body["input"])
+        ]
+        return 200, {"object": "list", "data": data, "usage": {"prompt_tokens": 7, "total_tokens": 7}}
+
+    with OpenAIServer(respond, route="/v1/embeddings", api_key=key) as server:
+        host = server.base_url.replace("http://", "")
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_EMBED_OK", json.dumps({"conn_type": "http", "host": host, "schema": "http", "password": key})
+        )
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_EMBED_NO_KEY", json.dumps({"conn_type": "http", "host": host, "schema": "http"})
+        )
+        with DAG("embed_endpoint", schedule=None, start_date=LOGICAL_DATE) as dag:
+            common = {"engine": "openai", "prefix": "passage: ", "batch_size": 4}
+            ok = dict(common, openai_conn_id="embed_ok", normalize=True, engine_kwargs={"retry_wait_s": 0.1})
+            operator(tmp_path, "m", max_error_fraction=0.5, **ok)
+            operator(tmp_path, "m", "no_key", openai_conn_id="embed_no_key", retries=0, **common)
+        run = run_dag(dag, LOGICAL_DATE)
+        requests = list(server.requests)
+    log = "".join(capfd.readouterr())
+    summary = run.get_task_instance("embed").xcom_pull(task_ids="embed")
+    embedded = [i for i, r in enumerate(rows) if r is not None and i not in refused]
+    out = pq.read_table(tmp_path / "embed").sort_by("id")
+    assert out["id"].to_pylist() == embedded
+    expected = np.array([endpoint_vector("passage: " + rows[i]) for i in embedded])
+    vectors = np.stack(out["embedding"].to_numpy(zero_copy_only=False))
+    assert out.schema.field("embedding").type == pa.list_(pa.float32(), 8)
+    assert np.allclose(vectors, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-5)
+    # The endpoint decides truncation and counts tokens per request, not per row: neither is claimed.
+    assert out["truncated"].null_count == len(embedded) and "tokens_in" not in summary
+    rejects = {r["id"]: r["reason"] for r in pq.read_table(tmp_path / "embed" / "_rejects").to_pylist()}
+    assert rejects == {
+        5: "text is null",
+        **{i: "the endpoint refused the text (400): this input is too long for the model" for i in refused},
+    }
+    assert (summary["rows_rejected"], summary["engine_errors"]) == (1 + len(refused), len(refused))
+    # Throttled and failing at first: asked again; every request with the key as a bearer token.
+    assert [r["headers"].get("Authorization") for r in requests if r["body"]["input"] != ["dimension"]].count(
+        f"Bearer {key}"
+    ) >= 2 + len(embedded) // 4
+    # A request without the key is refused by the endpoint: the try fails at once, saying why.
+    no_key = run.get_task_instance("no_key")
+    assert no_key.state == "failed"
+    assert "refused the request (401)" in log
+    assert key not in log
+    for path in (tmp_path / "embed").rglob("*"):
+        if path.is_file() and path.suffix in (".json", ""):
+            assert key.encode() not in path.read_bytes(), path

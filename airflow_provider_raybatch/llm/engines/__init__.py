@@ -1,7 +1,7 @@
 """The engines, one class each, found by name: :func:`get_engine` (see :mod:`.base` to add one).
 
 Importing this package registers the built-in engines: ``openai``, ``transformers``, ``vllm`` (chat);
-``transformers`` (embedding).
+``openai``, ``transformers`` (embedding).
 """
 
 from airflow_provider_raybatch.llm.engines.base import (
@@ -16,6 +16,7 @@ from airflow_provider_raybatch.llm.engines.base import (
     register,
 )
 from airflow_provider_raybatch.llm.engines.openai import OpenAIEngine
+from airflow_provider_raybatch.llm.engines.openai_embedding import OpenAIEmbeddingEngine
 from airflow_provider_raybatch.llm.engines.transformers import TransformersEngine
 from airflow_provider_raybatch.llm.engines.transformers_embedding import TransformersEmbeddingEngine
 from airflow_provider_raybatch.llm.engines.vllm import VLLMEngine
@@ -25,6 +26,7 @@ __all__ = [
     "EMBEDDING",
     "EmbeddingEngine",
     "Engine",
+    "OpenAIEmbeddingEngine",
     "OpenAIEngine",
     "ProcessorEngine",
     "TransformersEmbeddingEngine",
