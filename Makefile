@@ -53,13 +53,16 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
 	$(PY) -m airflow_provider_raybatch.examples.llm_data prepare --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
 	$(PY) -m airflow_provider_raybatch.examples.llm_data prepare --root $(RAYBATCH_DEMO_ROOT) --date $(TODAY)
-	for dag in vlm_caption llm_classify; do \
+	$(PY) -m airflow_provider_raybatch.examples.documents prepare --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
+	$(PY) -m airflow_provider_raybatch.examples.documents prepare --root $(RAYBATCH_DEMO_ROOT) --date $(TODAY)
+	for dag in vlm_caption llm_classify embedding_refresh; do \
 		HF_HUB_OFFLINE=1 $(VENV)/bin/airflow dags test $$dag $(DEMO_DATE) > $(AIRFLOW_HOME)/demo-$$dag.log 2>&1 \
 			|| { tail -n 60 $(AIRFLOW_HOME)/demo-$$dag.log; exit 1; }; \
 		grep -o "Batch inference summary: {[^}]*}" $(AIRFLOW_HOME)/demo-$$dag.log | tail -n 1; \
 	done
-	@echo "task logs: $(AIRFLOW_HOME)/demo-vlm_caption.log, $(AIRFLOW_HOME)/demo-llm_classify.log"
+	@echo "task logs: $(AIRFLOW_HOME)/demo-<dag>.log (vlm_caption, llm_classify, embedding_refresh)"
 	@$(PY) -m airflow_provider_raybatch.examples.llm_data report --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
+	@$(PY) -m airflow_provider_raybatch.examples.documents report --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
 
 # pytest exits 5 when it collects no test: not a failure of the suite itself.
 # In CI (CI=true) the suite also runs the Daft benchmark variant's smoke test, so it creates
