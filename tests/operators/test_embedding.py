@@ -32,7 +32,7 @@ from tests.support.embedding_models import WORDS, build_tiny_bert
 from tests.support.llm_dags import LOGICAL_DATE
 from tests.support.openai_server import OpenAIServer
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, kill_leftovers, own_ray_env
-from tests.support.tables import read_table
+from tests.support.tables import FORMATS, read_table, table_output, table_spec
 
 pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
 
@@ -207,6 +207,40 @@ def test_a_killed_run_resumes_exactly_once_and_a_changed_model_or_dimension_is_r
     assert half.schema.field("embedding").type == pa.list_(pa.float16(), 16) and "truncated" not in half.column_names
     expected, _ = direct(model, [rows[i] for i in embedded])
     assert np.allclose(np.stack(half["embedding"].to_numpy(zero_copy_only=False)), expected, atol=2e-3)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_killed_run_resumes_exactly_once_into_a_table(tmp_path, bert, fmt):
+    """Killed (SIGKILL) after its second range's files were published: the next run commits every row
+    once into the date's partition, with the vectors of an uninterrupted run."""
+    rows = write_texts(tmp_path / "docs", 30)
+    stages = operator(tmp_path, bert, normalize=True).build_stages({})
+    cfg = BatchInferenceConfig(
+        str(tmp_path / "docs"),
+        str(tmp_path / "table"),
+        stages,
+        id_column="id",
+        rows_per_range=10,
+        max_error_fraction=0.1,
+        table=table_output(tmp_path, fmt),
+    )
+    spec = {**cfg.to_spec(), "table": table_spec(cfg)}  # with the catalog, which a spec leaves out
+    ray_tmp, env = own_ray_env({"RAYBATCH_TEST_CRASH": "published:2", **RECORD_EACH_RANGE})
+    try:
+        crashed = subprocess.run(
+            [sys.executable, "-c", SPEC_SCRIPT, json.dumps(spec)], env=env, capture_output=True, text=True
+        )
+    finally:
+        kill_leftovers(ray_tmp)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    summary = run_batch_inference(cfg)
+    assert summary.rows_processed + summary.rows_skipped == 30
+    table = read_table(tmp_path, fmt, "2026-11-24").sort_by("id")
+    embedded = [i for i, r in enumerate(rows) if r is not None]
+    assert table["id"].to_pylist() == embedded
+    expected, _ = direct(bert, [rows[i] for i in embedded])
+    unit = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    assert np.allclose(np.stack(table["embedding"].to_numpy(zero_copy_only=False)), unit, atol=1e-5)
 
 
 def test_a_real_models_vectors_are_sentence_transformers_and_rank_a_paraphrase_first(tmp_path):
