@@ -19,7 +19,7 @@ DEMO_DATE ?= $(shell date -u -d yesterday +%F)
 # Also prepared: the date a UI trigger (and the first scheduled run after unpausing) gets by default.
 TODAY := $(shell date -u +%F)
 
-.PHONY: demo demo-llm test test-fast test-compat oldest-env vllm-env test-vllm bench-vllm gpu-check lint docs bench soak daft-env clean
+.PHONY: demo demo-llm test test-fast test-compat test-compat-oldest test-compat-across oldest-env vllm-env test-vllm bench-vllm gpu-check lint docs bench soak daft-env clean
 
 $(VENV)/.installed-%: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,8 +65,8 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 	@$(PY) -m airflow_provider_raybatch.examples.documents report --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
 
 # pytest exits 5 when it collects no test: not a failure of the suite itself.
-# In CI (CI=true) the suite also runs the Daft benchmark variant's smoke test, so it creates
-# .venv-daft (1 min 18 s measured at load 8 on 2 cores); elsewhere that test skips until `make daft-env`.
+# The Daft benchmark variants' smoke tests (tests/test_benchmarks_daft.py) skip until `make daft-env`, but in CI
+# (CI=true), where .ci/run builds .venv-daft beside the suite's first minutes and they fail without it.
 # The suite runs on TEST_WORKERS pytest-xdist workers, a test file on one worker (its module fixtures
 # and order kept); each worker has its own Airflow DB and shared local Ray (tests/conftest.py). Most
 # tests wait on processes and servers (the CPUs were 59 % busy on one worker), so two workers on two
@@ -75,7 +75,7 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 # tests first, started the compose stack's 2 tests (about 6 minutes) some 40 minutes in, among the last files.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile -p tests.support.slow_first --no-loadscope-reorder
-test: $(VENV)/.installed-dev $(if $(filter true,$(CI)),$(DAFT_VENV)/.installed)
+test: $(VENV)/.installed-dev
 	$(PY) -m pytest $(XDIST) --durations=30 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; rc=0; fi; exit $$rc
 
 # The compatibility job (.ci/run runs it after `make test`; docs/compatibility.md): the oldest Airflow and
@@ -120,8 +120,14 @@ $(OLDEST_VENV)/.installed: pyproject.toml constraints/$(OLDEST).txt
 
 oldest-env: $(OLDEST_VENV)/.installed
 
-test-compat: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
+# Two parts: the oldest Airflow and Ray (test-compat-oldest), then clusters whose Ray is not the driver's
+# (test-compat-across), which .ci/run runs beside the vLLM job.
+test-compat: test-compat-oldest test-compat-across
+
+test-compat-oldest: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
 	$(OLDEST_VENV)/bin/python -m pytest $(XDIST) $(COMPAT_TESTS) $(COMPAT_DESELECT) $(PYTEST_ARGS)
+
+test-compat-across: $(VENV)/.installed-dev $(OLDEST_VENV)/.installed
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(VENV)/bin $(OLDEST_VENV)/bin/python -m pytest $(CLUSTER_TESTS) -k $(ACROSS) $(PYTEST_ARGS)
 	RAYBATCH_TEST_CLUSTER_BIN=$(CURDIR)/$(OLDEST_VENV)/bin $(PY) -m pytest tests/operators/test_ray_pipeline_on_cluster.py -k "runs_on_the_cluster or resubmitted" $(PYTEST_ARGS)
 

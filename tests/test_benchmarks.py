@@ -7,11 +7,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import REPO
+from tests.support.benchmark_runs import run_images
 
 #: The benchmark scripts run the pipeline on a local Ray.
 pytestmark = pytest.mark.ray
@@ -130,36 +129,6 @@ def test_throughput_without_daft_env_says_how_to_create_it(tmp_path):
     assert not (tmp_path / "data").exists()  # said before generating anything
 
 
-DAFT_PYTHON = REPO / ".venv-daft" / "bin" / "python"
-
-
-@pytest.mark.skipif(
-    not DAFT_PYTHON.exists() and os.environ.get("CI") != "true",
-    reason="Daft's environment .venv-daft is missing: create it with `make daft-env` (CI's `make test` does)",
-)
-def test_throughput_daft_variant_scores_like_the_plain_loop(tmp_path):
-    # Daft runs with .venv-daft's interpreter (pyarrow 25): the same logits as the plain loop's.
-    out, work = tmp_path / "results", tmp_path / "data"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.throughput", "--rows", "3000", "--model", "light"]
-        + ["--variants", "plain", "daft", "--out", str(out), "--work-dir", str(work), "--batch-size", "1000"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = json.loads((out / "throughput.json").read_text())
-    assert [(r["variant"], r["model"], r["rows"]) for r in results["rows"]] == [
-        ("plain", "light", 3000),
-        ("daft", "light", 3000),
-    ]
-    assert all(r["process_s"] >= r["wall_s"] > 0 for r in results["rows"])
-    plain, daft = (pq.read_table(work / f"out-throughput-{v}").sort_by("id").to_pydict() for v in ("plain", "daft"))
-    assert daft["id"] == plain["id"] == list(range(3000))
-    assert np.allclose(np.array(daft["logits"]), np.array(plain["logits"]), atol=1e-5)
-
-
 def test_the_gpu_check_refuses_clearly_without_a_gpu():
     import torch
 
@@ -209,24 +178,8 @@ def test_status_script_times_the_status_of_a_running_and_a_finished_output(tmp_p
     assert all(r["response_kb"] > 0 for r in rows if r["reader"] == "UI endpoint")
 
 
-def _run_images(tmp_path, *variants: str) -> tuple[dict, dict[str, dict]]:
-    out, work = tmp_path / "results", tmp_path / "data"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.images", "--rows", "20", "--batch-size", "8", "--variants", *variants]
-        + ["--out", str(out), "--work-dir", str(work)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = json.loads((out / "images.json").read_text())
-    labels = {v: pq.read_table(work / f"out-images-{v}").sort_by("id").to_pydict() for v in variants}
-    return results, labels
-
-
 def test_images_script_classifies_every_image_and_splits_the_time(tmp_path):
-    results, outputs = _run_images(tmp_path, "plain", "operator", "handwritten")
+    results, outputs = run_images(tmp_path, "plain", "operator", "handwritten")
     assert results["benchmark"] == "images"
     assert [(r["variant"], r["images"]) for r in results["rows"]] == [
         ("plain", 20),
@@ -245,19 +198,6 @@ def test_images_script_classifies_every_image_and_splits_the_time(tmp_path):
     # The same preprocessing and model everywhere: the same label for each image.
     assert outputs["plain"]["id"] == list(range(20))
     assert outputs["operator"] == outputs["handwritten"] == outputs["plain"]
-
-
-@pytest.mark.skipif(
-    not DAFT_PYTHON.exists() and os.environ.get("CI") != "true",
-    reason="Daft's environment .venv-daft is missing: create it with `make daft-env` (CI's `make test` does)",
-)
-def test_images_daft_variant_classifies_every_image(tmp_path):
-    results, outputs = _run_images(tmp_path, "plain", "daft")
-    assert [(r["variant"], r["images"]) for r in results["rows"]] == [("plain", 20), ("daft", 20)]
-    assert results["rows"][1]["model_s"] > 0
-    # Daft decodes and resizes with its own code: the same images, labels from the same classes.
-    assert outputs["daft"]["id"] == outputs["plain"]["id"] == list(range(20))
-    assert set(outputs["daft"]["label"]) <= set(range(10))
 
 
 def test_cold_start_script_times_a_first_task_step_by_step(tmp_path):

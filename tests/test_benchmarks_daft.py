@@ -1,0 +1,61 @@
+"""The benchmarks' Daft variants, at a tiny size: they run with .venv-daft's interpreter (`make daft-env`).
+
+A file of their own, so that it is handed out among the suite's last files (tests/support/slow_first.py): CI
+builds .venv-daft beside the suite's first minutes (.ci/run) instead of before them. Without the venv they skip,
+but in CI (CI=true), where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import REPO
+from tests.support.benchmark_runs import DAFT_PYTHON, run_images
+
+#: The benchmark scripts run the pipeline on a local Ray.
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(
+        not DAFT_PYTHON.exists() and os.environ.get("CI") != "true",
+        reason="Daft's environment .venv-daft is missing: create it with `make daft-env` (CI's .ci/run does)",
+    ),
+]
+
+
+def test_throughput_daft_variant_scores_like_the_plain_loop(tmp_path):
+    # Daft runs with .venv-daft's interpreter (pyarrow 25): the same logits as the plain loop's.
+    out, work = tmp_path / "results", tmp_path / "data"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.throughput", "--rows", "3000", "--model", "light"]
+        + ["--variants", "plain", "daft", "--out", str(out), "--work-dir", str(work), "--batch-size", "1000"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((out / "throughput.json").read_text())
+    assert [(r["variant"], r["model"], r["rows"]) for r in results["rows"]] == [
+        ("plain", "light", 3000),
+        ("daft", "light", 3000),
+    ]
+    assert all(r["process_s"] >= r["wall_s"] > 0 for r in results["rows"])
+    plain, daft = (pq.read_table(work / f"out-throughput-{v}").sort_by("id").to_pydict() for v in ("plain", "daft"))
+    assert daft["id"] == plain["id"] == list(range(3000))
+    assert np.allclose(np.array(daft["logits"]), np.array(plain["logits"]), atol=1e-5)
+
+
+def test_images_daft_variant_classifies_every_image(tmp_path):
+    results, outputs = run_images(tmp_path, "plain", "daft")
+    assert [(r["variant"], r["images"]) for r in results["rows"]] == [("plain", 20), ("daft", 20)]
+    assert results["rows"][1]["model_s"] > 0
+    # Daft decodes and resizes with its own code: the same images, labels from the same classes.
+    assert outputs["daft"]["id"] == outputs["plain"]["id"] == list(range(20))
+    assert set(outputs["daft"]["label"]) <= set(range(10))
