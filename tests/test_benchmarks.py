@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.support.benchmark_runs import run_images
+from tests.support.benchmark_runs import run_embedding, run_images
 
 #: The benchmark scripts run the pipeline on a local Ray.
 pytestmark = pytest.mark.ray
@@ -234,29 +234,6 @@ def test_cold_start_script_times_a_first_task_step_by_step(tmp_path):
         "first_commit_s",
     ]
     assert [row[step] for step in order] == sorted(row[step] for step in order), row
-
-
-def run_embedding(tmp_path, *variants: str) -> tuple[dict, dict[str, dict]]:
-    """benchmarks/embedding.py on 64 texts with all-MiniLM-L6-v2: its results and each variant's vectors, by id."""
-    out, work = tmp_path / "results", tmp_path / "data"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.embedding", "--rows", "64", "--batch-size", "16", "--variants", *variants]
-        + ["--out", str(out), "--work-dir", str(work)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = json.loads((out / "embedding.json").read_text())
-    vectors = {}
-    for variant in variants:
-        table = pq.read_table(work / f"out-embed-{variant}").sort_by("id")
-        vectors[variant] = {
-            "id": table.column("id").to_pylist(),
-            "embedding": np.stack(table["embedding"].to_numpy(zero_copy_only=False)),
-        }
-    return results, vectors
 
 
 def test_embedding_script_embeds_every_text_as_the_plain_loop_does(tmp_path):

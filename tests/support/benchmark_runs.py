@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from tests.conftest import REPO
@@ -30,3 +31,26 @@ def run_images(tmp_path: Path, *variants: str) -> tuple[dict, dict[str, dict]]:
     results = json.loads((out / "images.json").read_text())
     labels = {v: pq.read_table(work / f"out-images-{v}").sort_by("id").to_pydict() for v in variants}
     return results, labels
+
+
+def run_embedding(tmp_path: Path, *variants: str) -> tuple[dict, dict[str, dict]]:
+    """benchmarks/embedding.py on 64 texts with all-MiniLM-L6-v2: its results and each variant's vectors, by id."""
+    out, work = tmp_path / "results", tmp_path / "data"
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.embedding", "--rows", "64", "--batch-size", "16", "--variants", *variants]
+        + ["--out", str(out), "--work-dir", str(work)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = json.loads((out / "embedding.json").read_text())
+    vectors = {}
+    for variant in variants:
+        table = pq.read_table(work / f"out-embed-{variant}").sort_by("id")
+        vectors[variant] = {
+            "id": table.column("id").to_pylist(),
+            "embedding": np.stack(table["embedding"].to_numpy(zero_copy_only=False)),
+        }
+    return results, vectors
