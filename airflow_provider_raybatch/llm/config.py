@@ -79,7 +79,10 @@ EMBEDDING_DTYPES = ("float32", "float16")
 class EmbeddingTask:
     """What to embed, the same for every embedding engine.
 
-    :param text_column: the column holding each row's text.
+    :param text_column: the column holding each row's text (or give ``image_column``).
+    :param image_column: the column holding each row's image (encoded bytes, a path or URL, or a
+        ``{"bytes", "path"}`` struct), for a model that embeds images (such as CLIP); instead of
+        ``text_column``. An image is neither truncated nor counted in tokens.
     :param prefix: put before every text, as models trained with an instruction want it (E5's
         ``"query: "`` or ``"passage: "``); part of the text the model sees and counts.
     :param output_column: where each row's vector is written, a ``FixedSizeList`` of the model's dimension.
@@ -91,13 +94,19 @@ class EmbeddingTask:
         the output's totals are counted either way.
     """
 
-    text_column: str
+    text_column: str | None = None
     prefix: str = ""
     output_column: str = "embedding"
     normalize: bool = False
     dtype: str = "float32"
     truncated_column: str | None = "truncated"
     token_columns: bool = False
+    image_column: str | None = None
+
+    @property
+    def input_column(self) -> str:
+        """The column the model reads: the images' or the texts'."""
+        return self.image_column or self.text_column or ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.llm.build import default_resources
 from airflow_provider_raybatch.llm.config import EMBEDDING_DTYPES, TOKEN_OUTPUT_COLUMNS, EmbeddingTask, EngineConfig
-from airflow_provider_raybatch.llm.engines import EMBEDDING, get_engine
+from airflow_provider_raybatch.llm.engines import EMBEDDING, engine_names, get_engine
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 
@@ -30,7 +30,18 @@ def build_embedding_stage(
     resources = engine.replica_resources(config, default_resources() if resources is None else resources)
     if not config.model:
         raise ConfigError("model is empty: give a model id or a local model folder")
-    for name in ("text_column", "output_column"):
+    if (task.text_column is None) == (task.image_column is None):
+        raise ConfigError(
+            f"give text_column or image_column, the column to embed, not {'both' if task.text_column else 'neither'}"
+        )
+    if task.image_column is not None and not engine.embeds_images:
+        images = [n for n in engine_names(EMBEDDING) if get_engine(n, EMBEDDING).embeds_images]
+        raise ConfigError(
+            f"image_column={task.image_column!r}: engine {engine.name!r} embeds texts only; images need one of {images}"
+        )
+    if task.image_column is not None and task.prefix:
+        raise ConfigError(f"prefix is put before texts; image_column={task.image_column!r} embeds images: leave it ''")
+    for name in ("text_column" if task.text_column is not None else "image_column", "output_column"):
         if not _plain_name(getattr(task, name)):
             raise ConfigError(f"{name} must be a plain column name, got {getattr(task, name)!r}")
     if task.truncated_column is not None and not _plain_name(task.truncated_column):
@@ -46,7 +57,7 @@ def build_embedding_stage(
         raise ConfigError(f"engine_kwargs must be a dict, got {type(config.engine_kwargs).__name__}")
     resources.validate(f"engine {engine.name!r}")
     engine.validate(task, config, resources)  # type: ignore[arg-type]
-    return engine.build_stage(task, config, resources, [task.text_column])  # type: ignore[arg-type]
+    return engine.build_stage(task, config, resources, [task.input_column])  # type: ignore[arg-type]
 
 
 def _plain_name(name: Any) -> bool:

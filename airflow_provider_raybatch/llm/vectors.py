@@ -30,7 +30,8 @@ def embedding_output(
     :param vectors: ``(rows, dimension)`` floats; a rejected row's are ignored.
     :param tokens: each row's input tokens as the model saw them (after truncation; None: not counted).
     :param truncated: whether each row's text was cut to the model's maximum length.
-    :param reasons: why each row was rejected (its text is missing), None for the rows embedded.
+    :param reasons: why each row was rejected (its text or image is missing or unreadable), None for the rows
+        embedded.
     """
     import numpy as np
 
@@ -44,7 +45,7 @@ def embedding_output(
         REJECT_KIND_COLUMN: [INVALID_INPUT if r else None for r in reasons],
         TOKENS_IN_COLUMN: tokens,  # and no generated tokens: an embedding generates nothing
     }
-    if task.truncated_column:
+    if task.truncated_column and task.image_column is None:  # an image is never cut
         out[task.truncated_column] = truncated
     if task.token_columns:
         out[TOKEN_OUTPUT_COLUMNS[0]] = tokens

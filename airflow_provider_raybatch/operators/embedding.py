@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 
 class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
-    """Embed the text of every row of a Parquet input with an embedding model, on Ray Data; write
-    the vectors as a ``FixedSizeList<float32>`` (or ``float16``) column of the model's dimension.
+    """Embed the text (or the image) of every row of a Parquet input with an embedding model, on Ray
+    Data; write the vectors as a ``FixedSizeList<float32>`` (or ``float16``) column of the model's dimension.
 
     Rows run in the checkpointed ranges of :class:`RayPipelineOperator` (paths, ``keep_columns``,
     ``id_column``, ``mode``, outputs as a Parquet folder, Delta or Iceberg table... are its
@@ -32,11 +32,16 @@ class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     output's recorded settings and its dimension of the output's recorded schema: resuming an
     output with another model (or a model of another dimension at the same path) is refused,
     naming both, and nothing of it is committed; ``mode="overwrite"`` starts afresh. A row without
-    text goes to ``<output_path>/_rejects/``. Each row's input tokens are counted in the output's
+    text (or whose image is missing or unreadable) goes to ``<output_path>/_rejects/``. Each row's input tokens are counted in the output's
     totals (summary, status, the UI), as the LLM operators count theirs. The resource arguments
     (``batch_size`` to ``max_concurrent_batches``, last below) are those of the engine's replicas.
 
-    :param text_column: the column holding the text to embed (templated).
+    :param text_column: the column holding the text to embed (templated); or give ``image_column``.
+    :param image_column: instead of ``text_column``, the column holding the image to embed: encoded
+        bytes (PNG, JPEG...), a local path, ``s3://``/``https://`` URL, or a ``{"bytes", "path"}``
+        struct as Hugging Face datasets write them (templated). For the ``transformers`` engine with
+        a model of texts and images (CLIP, SigLIP), which embeds texts into the same space: texts
+        embedded by it find the images. An image is neither truncated nor counted in tokens.
     :param model: a model id or a local folder (``transformers``: a Hugging Face encoder, such as a
         sentence-transformers model folder) (templated).
     :param engine: ``"transformers"`` (``AutoModel`` in a Ray Data actor, CPU or GPU; mean or CLS
@@ -66,6 +71,7 @@ class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     template_fields: Sequence[str] = (
         *RayPipelineOperator.template_fields,
         "text_column",
+        "image_column",
         "model",
         "engine",
         "prefix",
@@ -86,7 +92,8 @@ class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     def __init__(
         self,
         *,
-        text_column: str,
+        text_column: str | None = None,
+        image_column: str | None = None,
         model: str,
         engine: str = "transformers",
         prefix: str = "",
@@ -111,6 +118,7 @@ class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.text_column = text_column
+        self.image_column = image_column
         self.model = model
         self.engine = engine
         self.prefix = prefix
@@ -134,12 +142,13 @@ class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     def embedding_task(self) -> EmbeddingTask:
         """What to embed, from the rendered arguments."""
         return EmbeddingTask(
-            text_column=self.text_column,
+            text_column=_column(self.text_column),
+            image_column=_column(self.image_column),
             prefix=self.prefix or "",
             output_column=self.output_column,
             normalize=bool(self.normalize),
             dtype=self.dtype,
-            truncated_column=None if self.truncated_column in (None, "", "None") else self.truncated_column,
+            truncated_column=_column(self.truncated_column),
             token_columns=bool(self.token_columns),
         )
 
@@ -165,6 +174,11 @@ class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         with self.api_key_in_environment(find_engine(self.engine, EMBEDDING)):
             return super().execute(context)
+
+
+def _column(name: str | None) -> str | None:
+    """A column argument as rendered: None where a template rendered nothing."""
+    return None if name in (None, "", "None") else name
 
 
 EmbeddingOperator.__doc__ = (EmbeddingOperator.__doc__ or "").rstrip() + resource_param_docs(

@@ -28,7 +28,7 @@ from airflow_provider_raybatch.pipeline.runner import run_batch_inference
 from airflow_provider_raybatch.plugins import figures
 from airflow_provider_raybatch.plugins.outputs import TaskRef, inference_tasks, resolve
 from tests.conftest import run_dag
-from tests.support.embedding_models import WORDS, build_tiny_bert
+from tests.support.embedding_models import WORDS, build_tiny_bert, build_tiny_clip
 from tests.support.llm_dags import LOGICAL_DATE
 from tests.support.openai_server import OpenAIServer
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, kill_leftovers, own_ray_env
@@ -80,7 +80,7 @@ def direct(model, rows: list[str], prefix: str = "") -> tuple[np.ndarray, list[i
 def operator(tmp_path, model, task_id: str = "embed", **kwargs) -> EmbeddingOperator:
     return EmbeddingOperator(
         task_id=task_id,
-        input_path=str(tmp_path / "docs"),
+        input_path=kwargs.pop("input_path", str(tmp_path / "docs")),
         output_path=str(tmp_path / kwargs.pop("out", task_id)),
         model=str(model),
         id_column="id",
@@ -124,8 +124,9 @@ def test_the_operator_writes_fixed_size_normalised_vectors_into_parquet_and_delt
     assert np.allclose(np.stack(table["embedding"].to_numpy(zero_copy_only=False)), unit, atol=1e-5)
 
 
-def test_bad_settings_are_refused_before_any_work_naming_the_setting(tmp_path, bert):
+def test_bad_settings_are_refused_before_any_work_naming_the_setting(tmp_path, bert, monkeypatch):
     write_texts(tmp_path / "docs", 10)
+    monkeypatch.setenv("AIRFLOW_CONN_OPENAI_DEFAULT", json.dumps({"conn_type": "http", "host": "http://127.0.0.1:9/v1"}))
     for kwargs, message in [
         ({"dtype": "float64"}, r"dtype must be one of \('float32', 'float16'\), got 'float64'"),
         ({"engine": "vllm"}, r"engine must be one of the embedding engines \('openai', 'transformers'\), got 'vllm'"),
@@ -133,6 +134,17 @@ def test_bad_settings_are_refused_before_any_work_naming_the_setting(tmp_path, b
         ({"truncated_column": "embedding"}, "the output columns must differ"),
         ({"engine_kwargs": {"pooling": "max"}}, r"pooling must be one of \('mean', 'cls'\)"),
         ({"dtype": "float16", "output_format": "delta"}, "a delta table has no float16 type"),
+        ({"image_column": "image"}, "give text_column or image_column, the column to embed, not both"),
+        ({"text_column": None}, "give text_column or image_column, the column to embed, not neither"),
+        (
+            {"text_column": None, "image_column": "image"},
+            r"image_column='image': model '.*bert' \(model_type 'bert'\) has no image tower",
+        ),
+        (
+            {"text_column": None, "image_column": "image", "engine": "openai"},
+            r"image_column='image': engine 'openai' embeds texts only; images need one of \['transformers'\]",
+        ),
+        ({"text_column": None, "image_column": "image", "prefix": "query: "}, "prefix is put before texts"),
     ]:
         with pytest.raises(ConfigError, match=message):
             operator(tmp_path, bert, **kwargs).build_stages({})
@@ -241,6 +253,86 @@ def test_a_killed_run_resumes_exactly_once_into_a_table(tmp_path, bert, fmt):
     expected, _ = direct(bert, [rows[i] for i in embedded])
     unit = expected / np.linalg.norm(expected, axis=1, keepdims=True)
     assert np.allclose(np.stack(table["embedding"].to_numpy(zero_copy_only=False)), unit, atol=1e-5)
+
+
+def pictures(folder, n: int) -> list[bytes | None]:
+    """``n`` PNGs of 20x24 random pixels as bytes (row 3 missing, row 7 not an image), in Parquet with a path
+    column to the same files (in ``files`` beside ``folder``) and a caption; returns the bytes."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    images: list[bytes | None] = []
+    for _ in range(n):
+        encoded = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (24, 20, 3), dtype=np.uint8)).save(encoded, format="PNG")
+        images.append(encoded.getvalue())
+    images[3], images[7] = None, b"not an image"
+    files = folder.parent / "files"
+    files.mkdir()
+    folder.mkdir()
+    paths = []
+    for i, data in enumerate(images):
+        paths.append(None if data is None else str(files / f"{i}.png"))
+        if data is not None:
+            (files / f"{i}.png").write_bytes(data)
+    captions = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(4)) for i in range(n)]
+    table = pa.table({"id": list(range(n)), "image": pa.array(images, pa.binary()), "path": paths, "caption": captions})
+    pq.write_table(table, folder / "part-0.parquet")
+    return images
+
+
+def test_images_and_texts_embed_into_one_space_with_a_model_of_both(tmp_path):
+    clip = build_tiny_clip(tmp_path / "clip")
+    images = pictures(tmp_path / "pics", 12)
+    common = {"input_path": str(tmp_path / "pics"), "normalize": True, "text_column": None}
+    with DAG("embed_pictures", schedule=None, start_date=LOGICAL_DATE) as dag:
+        for task_id, column in (("images", "image"), ("paths", "path")):
+            operator(tmp_path, clip, task_id, image_column=column, max_error_fraction=0.2, **common)
+        operator(tmp_path, clip, "captions", **{**common, "text_column": "caption"})
+    run = run_dag(dag, LOGICAL_DATE)
+    assert run.state == "success"
+
+    import torch
+    from PIL import Image
+    from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(clip).eval()
+    valid = [i for i, data in enumerate(images) if data not in (None, b"not an image")]
+    pixels = AutoImageProcessor.from_pretrained(clip)(
+        images=[Image.open(tmp_path / "files" / f"{i}.png").convert("RGB") for i in valid],
+        return_tensors="pt",
+    )
+    captions = pq.read_table(tmp_path / "pics")["caption"].to_pylist()
+    tokens = AutoTokenizer.from_pretrained(clip)(captions, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        expected = {
+            "images": model.get_image_features(**pixels).pooler_output.numpy(),
+            "captions": model.get_text_features(
+                input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"]
+            ).pooler_output.numpy(),
+        }
+    expected["paths"] = expected["images"]
+    for task_id, ids in (("images", valid), ("paths", valid), ("captions", list(range(12)))):
+        out = pq.read_table(tmp_path / task_id).sort_by("id")
+        assert out["id"].to_pylist() == ids, task_id
+        # The projection's 16 dimensions, for texts and images alike: one space.
+        assert out.schema.field("embedding").type == pa.list_(pa.float32(), 16)
+        vectors = np.stack(out["embedding"].to_numpy(zero_copy_only=False))
+        unit = expected[task_id] / np.linalg.norm(expected[task_id], axis=1, keepdims=True)
+        assert (vectors * unit).sum(axis=1).min() >= 0.999, task_id
+    # An image is never cut: no truncated column; it counts no tokens.
+    assert "truncated" not in pq.read_table(tmp_path / "images").column_names
+    summary = run.get_task_instance("images").xcom_pull(task_ids="images")
+    assert (summary["rows_rejected"], summary.get("tokens_in")) == (2, None)
+    reasons = pq.read_table(tmp_path / "images" / "_rejects").sort_by("id")["reason"].to_pylist()
+    assert reasons[0] == "image: missing image (null)"
+    assert reasons[1].startswith("image: cannot decode image: not a known image format (12 bytes)")
+    assert pq.read_table(tmp_path / "paths" / "_rejects").sort_by("id")["reason"].to_pylist() == [
+        "path: missing image (null)",
+        "path: cannot decode image: not a known image format (12 bytes)",
+    ]
 
 
 def test_a_real_models_vectors_are_sentence_transformers_and_rank_a_paraphrase_first(tmp_path):

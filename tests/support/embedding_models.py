@@ -96,3 +96,31 @@ def build_tiny_bert(
     )
     (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_seq_length}))
     return out
+
+
+def build_tiny_clip(out: Path, projection: int = 16, seed: int = 0) -> Path:
+    """A 2-layer CLIPModel (texts and 32x32 images into ``projection`` dimensions) with a WordPiece
+    tokenizer and a CLIP image processor, saved to ``out``."""
+    import torch
+    from transformers import BertTokenizerFast, CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    torch.manual_seed(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = SPECIAL + WORDS
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, do_lower_case=True)
+    tower = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    config = CLIPConfig(
+        # The text tower pools at its end-of-text token: the tokenizer's [SEP].
+        text_config={
+            **tower,
+            "vocab_size": len(vocab),
+            "max_position_embeddings": 32,
+            **{"pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 3},
+        },
+        vision_config={**tower, "image_size": 32, "patch_size": 8},
+        projection_dim=projection,
+    )
+    CLIPModel(config).eval().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(out)
+    return out

@@ -161,13 +161,15 @@ class EmbeddingEngine(Engine):
     """An engine that embeds texts (an :class:`~airflow_provider_raybatch.llm.config.EmbeddingTask`),
     registered apart from the chat engines: ``transformers`` names one of each.
 
-    Its stage reads the task's ``text_column`` and returns what
-    :func:`~airflow_provider_raybatch.llm.vectors.embedding_output` makes of its vectors, so that
-    every engine (a local model, ``ray.data.llm``'s embedding task, an ``/embeddings`` endpoint)
-    writes the same columns, normalised, stored and counted the same way.
+    Its stage reads the task's ``text_column`` (or ``image_column``, if it ``embeds_images``) and
+    returns what :func:`~airflow_provider_raybatch.llm.vectors.embedding_output` makes of its
+    vectors, so that every engine (a local model, ``ray.data.llm``'s embedding task, an
+    ``/embeddings`` endpoint) writes the same columns, normalised, stored and counted the same way.
     """
 
     task = EMBEDDING
+    #: The engine embeds images too (the task's ``image_column``), with a model that has an image tower.
+    embeds_images: ClassVar[bool] = False
 
 
 def register(cls: type[Engine]) -> type[Engine]:
