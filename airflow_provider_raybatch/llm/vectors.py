@@ -11,6 +11,7 @@ from airflow_provider_raybatch.pipeline.columns import (
     REJECT_COLUMN,
     REJECT_KIND_COLUMN,
     TOKENS_IN_COLUMN,
+    TRUNCATED_COLUMN,
 )
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ def embedding_output(
 
     :param vectors: ``(rows, dimension)`` floats; a rejected row's are ignored.
     :param tokens: each row's input tokens as the model saw them (after truncation; None: not counted).
-    :param truncated: whether each row's text was cut to the model's maximum length.
+    :param truncated: whether each row's text was cut to the model's maximum length (None: not
+        known; an image). Counted for the summary whether or not the task writes its ``truncated_column``.
     :param reasons: why each row was rejected (its text or image is missing or unreadable), None for the rows
         embedded.
     """
@@ -44,6 +46,7 @@ def embedding_output(
         REJECT_COLUMN: reasons,
         REJECT_KIND_COLUMN: [INVALID_INPUT if r else None for r in reasons],
         TOKENS_IN_COLUMN: tokens,  # and no generated tokens: an embedding generates nothing
+        TRUNCATED_COLUMN: [None if t is None else int(t) for t in truncated],
     }
     if task.truncated_column and task.image_column is None:  # an image is never cut
         out[task.truncated_column] = truncated

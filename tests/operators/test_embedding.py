@@ -1,7 +1,7 @@
 """EmbeddingOperator in a real Airflow (`dag.test()`) on a real local Ray with a tiny random BERT:
-the vectors' type, dimension, normalisation, float16 storage and truncation, a Delta table, the
-UI's view, a killed run resumed exactly once, a changed model refused; and a real model's vectors
-against sentence-transformers'."""
+the vectors' type, dimension, normalisation, float16 storage and truncation (each row's, and the
+count in the summary, `raybatch status` and the UI's view), a Delta table, a killed run resumed
+exactly once, a changed model refused; and a real model's vectors against sentence-transformers'."""
 
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ import pytest
 from airflow.sdk import DAG
 from airflow.utils.session import create_session
 
+from airflow_provider_raybatch.cli import main as raybatch
 from airflow_provider_raybatch.operators.embedding import EmbeddingOperator
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.errors import ConfigError, InputError, OutputSchemaError
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.status import read_status
 from airflow_provider_raybatch.plugins import figures
 from airflow_provider_raybatch.plugins.outputs import TaskRef, inference_tasks, resolve
 from tests.conftest import run_dag
@@ -89,7 +91,14 @@ def operator(tmp_path, model, task_id: str = "embed", **kwargs) -> EmbeddingOper
     )
 
 
-def test_the_operator_writes_fixed_size_normalised_vectors_into_parquet_and_delta(tmp_path, bert):
+def truncated_line(output, capsys) -> str:
+    """``raybatch status``'s line of the truncated rows ("" when it has none)."""
+    capsys.readouterr()
+    assert raybatch(["status", str(output)]) == 0
+    return next((line for line in capsys.readouterr().out.splitlines() if "truncated" in line), "")
+
+
+def test_the_operator_writes_fixed_size_normalised_vectors_into_parquet_and_delta(tmp_path, bert, capsys):
     rows = write_texts(tmp_path / "docs", 40)
     with DAG("embed_docs", schedule=None, start_date=LOGICAL_DATE) as dag:
         operator(tmp_path, bert, prefix="query: ", normalize=True, token_columns=True, keep_columns=["text"])
@@ -110,6 +119,10 @@ def test_the_operator_writes_fixed_size_normalised_vectors_into_parquet_and_delt
     full = [len(("query: " + rows[i]).split()) + 2 for i in embedded]  # one token a word here, and [CLS], [SEP]
     assert out["truncated"].to_pylist() == [n > MAX_TOKENS for n in full] and any(out["truncated"].to_pylist())
     assert (summary["tokens_in"], summary["rows_rejected"]) == (sum(tokens), 1)
+    # The truncated rows are counted where the run is reported: its summary, the status, the UI.
+    cut = sum(out["truncated"].to_pylist())
+    assert summary["truncated_rows"] == cut == read_status(str(tmp_path / "embed")).truncated_rows
+    assert truncated_line(tmp_path / "embed", capsys).startswith(f"{cut} rows truncated")
     assert pq.read_table(tmp_path / "embed" / "_rejects")["reason"].to_pylist() == ["text is null"]
     # The UI's view finds the task's output: its ranges, its tokens.
     with create_session() as session:
@@ -117,6 +130,7 @@ def test_the_operator_writes_fixed_size_normalised_vectors_into_parquet_and_delt
         output = resolve(TaskRef("embed_docs", run.run_id, "embed"), session)
     [status] = figures.output_figures(output, detail=False)["outputs"]
     assert (status["state"], status["ranges_committed"], status["tokens_in"]) == ("done", 4, sum(tokens))
+    assert status["truncated_rows"] == cut
     table = read_table(tmp_path, "delta", "2026-11-21").sort_by("id")
     assert table["id"].to_pylist() == embedded
     plain, _ = direct(bert, [rows[i] for i in embedded])
@@ -126,7 +140,9 @@ def test_the_operator_writes_fixed_size_normalised_vectors_into_parquet_and_delt
 
 def test_bad_settings_are_refused_before_any_work_naming_the_setting(tmp_path, bert, monkeypatch):
     write_texts(tmp_path / "docs", 10)
-    monkeypatch.setenv("AIRFLOW_CONN_OPENAI_DEFAULT", json.dumps({"conn_type": "http", "host": "http://127.0.0.1:9/v1"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_OPENAI_DEFAULT", json.dumps({"conn_type": "http", "host": "http://127.0.0.1:9/v1"})
+    )
     for kwargs, message in [
         ({"dtype": "float64"}, r"dtype must be one of \('float32', 'float16'\), got 'float64'"),
         ({"engine": "vllm"}, r"engine must be one of the embedding engines \('openai', 'transformers'\), got 'vllm'"),
@@ -159,6 +175,7 @@ SPEC_SCRIPT = """
 import json, sys
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from airflow_provider_raybatch.pipeline.status import read_status
 from airflow_provider_raybatch.plugins import figures
 from airflow_provider_raybatch.plugins.outputs import TaskRef, inference_tasks, resolve
 run_batch_inference(BatchInferenceConfig.from_spec(json.loads(sys.argv[1])))
@@ -172,7 +189,7 @@ def embedding_config(tmp_path, model, **kwargs) -> BatchInferenceConfig:
     )
 
 
-def test_a_killed_run_resumes_exactly_once_and_a_changed_model_or_dimension_is_refused(tmp_path, bert):
+def test_a_killed_run_resumes_exactly_once_and_a_changed_model_or_dimension_is_refused(tmp_path, bert, capsys):
     rows = write_texts(tmp_path / "docs", 40)
     model = tmp_path / "model"
     shutil.copytree(bert, model)
@@ -210,13 +227,18 @@ def test_a_killed_run_resumes_exactly_once_and_a_changed_model_or_dimension_is_r
     assert done["id"].to_pylist() == embedded
     expected, _ = direct(model, [rows[i] for i in embedded])
     assert np.allclose(np.stack(done["embedding"].to_numpy(zero_copy_only=False)), expected, atol=1e-5)
+    # The truncated rows of the killed try's range and the resumed ones, each counted once.
+    cut = sum(done["truncated"].to_pylist())
+    assert cut and summary.truncated_rows == cut == read_status(str(out)).truncated_rows
+    assert truncated_line(out, capsys).startswith(f"{cut} rows truncated")
     # mode="overwrite" takes the other dimension, afresh; here stored as float16.
     shutil.rmtree(model)
     build_tiny_bert(model, hidden=16, max_seq_length=MAX_TOKENS)
     stages = operator(tmp_path, model, dtype="float16", truncated_column=None).build_stages({})
-    run_batch_inference(dataclasses.replace(cfg, stages=stages, mode="overwrite"))
+    overwritten = run_batch_inference(dataclasses.replace(cfg, stages=stages, mode="overwrite"))
     half = pq.read_table(out).sort_by("id")
     assert half.schema.field("embedding").type == pa.list_(pa.float16(), 16) and "truncated" not in half.column_names
+    assert overwritten.truncated_rows == cut  # counted without the column: the same texts, the same length
     expected, _ = direct(model, [rows[i] for i in embedded])
     assert np.allclose(np.stack(half["embedding"].to_numpy(zero_copy_only=False)), expected, atol=2e-3)
 
@@ -419,7 +441,7 @@ def test_the_openai_engine_embeds_through_an_endpoint_that_throttles_fails_and_r
     assert out.schema.field("embedding").type == pa.list_(pa.float32(), 8)
     assert np.allclose(vectors, expected / np.linalg.norm(expected, axis=1, keepdims=True), atol=1e-5)
     # The endpoint decides truncation and counts tokens per request, not per row: neither is claimed.
-    assert out["truncated"].null_count == len(embedded) and "tokens_in" not in summary
+    assert out["truncated"].null_count == len(embedded) and not {"tokens_in", "truncated_rows"} & set(summary)
     rejects = {r["id"]: r["reason"] for r in pq.read_table(tmp_path / "embed" / "_rejects").to_pylist()}
     assert rejects == {
         5: "text is null",
