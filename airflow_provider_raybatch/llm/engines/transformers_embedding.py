@@ -80,15 +80,10 @@ class TransformersEmbedder:
         self.model = transformers.AutoModel.from_pretrained(config.model, **load).to(self.device).eval()
         folder = Path(config.model) if os.path.isdir(config.model) else None
         self.pooling = kwargs.get("pooling") or model_pooling(folder)
-        self.max_length = int(kwargs.get("max_model_len") or self._model_max_length(folder))
-
-    def _model_max_length(self, folder: Path | None) -> int:
-        """sentence-transformers' ``max_seq_length``, else the tokenizer's limit, else the model's positions."""
-        settings = _json(folder / "sentence_bert_config.json") if folder else {}
-        if settings.get("max_seq_length"):
-            return int(settings["max_seq_length"])
-        positions = getattr(self.model.config, "max_position_embeddings", None) or _UNSET_LENGTH
-        return min(int(self.tokenizer.model_max_length or _UNSET_LENGTH), int(positions))
+        self.max_length = int(
+            kwargs.get("max_model_len")
+            or model_max_length(folder, self.tokenizer, getattr(self.model.config, "max_position_embeddings", None))
+        )
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         import numpy as np
@@ -122,6 +117,15 @@ class TransformersEmbedder:
             mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
         return pooled.cpu().numpy()
+
+
+def model_max_length(folder: Path | None, tokenizer: Any, positions: int | None) -> int:
+    """The length texts are cut to: sentence-transformers' ``max_seq_length`` (the folder's
+    ``sentence_bert_config.json``), else the tokenizer's limit, else the model's position count."""
+    settings = _json(folder / "sentence_bert_config.json") if folder else {}
+    if settings.get("max_seq_length"):
+        return int(settings["max_seq_length"])
+    return min(int(tokenizer.model_max_length or _UNSET_LENGTH), int(positions or _UNSET_LENGTH))
 
 
 def model_pooling(folder: Path | None) -> str:
