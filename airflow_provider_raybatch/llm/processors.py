@@ -70,7 +70,10 @@ class ChatRequest:
         if row.get(REJECT_COLUMN):
             return {INFERENCE_ERROR: SKIPPED}
         image = row.get(PREPARED_IMAGE_COLUMN) if self.task.image_column else None
-        return self.engine.request(self.task, self.config, chat_messages(self.task, row, image))
+        return {
+            **self.engine.request(self.task, self.config, chat_messages(self.task, row, image)),
+            INFERENCE_ERROR: "",
+        }
 
 
 class ChatAnswer:

@@ -147,7 +147,10 @@ def test_requests_answers_and_rejected_rows_through_the_processor_hooks():
     body = payload(task, "m", vllm["messages"])
     assert body["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"] == ["Tech", "Retail"]
     request = ChatRequest(task, EngineConfig("openai", "served-model"), openai_engine)({"Company": "Acme"})
-    assert request == {"payload": {**body, "model": "served-model", "temperature": 0}}
+    assert request == {"payload": {**body, "model": "served-model", "temperature": 0}, "__inference_error__": ""}
+    # "" (no error), not absent: in a block that also holds a rejected row, an absent value is a null,
+    # which every ray.data.llm stage takes for an error: the row would skip the engine, unanswered.
+    assert vllm["__inference_error__"] == ""
     answer = ChatAnswer(task, EngineConfig("openai", "served-model"), openai_engine)
     ok = {"choices": [{"message": {"content": '{"answer": "Retail"}'}}]}
     row = {"__raybatch_range": 3, "__raybatch_keep:id": 7, "Company": "Acme", "http_response": ok}

@@ -10,7 +10,8 @@ Its replicas, their resources and the checks before a run are the chat ``vllm`` 
   engine error), where the transformers engine cuts it. So the texts are tokenized before vLLM,
   with the model's tokenizer (special tokens added), and a text longer than the limit is cut to
   it, as ``truncation=True`` cuts it (the ending special token kept); vLLM gets the token ids
-  and never tokenizes. The limit is ``engine_kwargs`` ``max_model_len``, else the transformers
+  and never tokenizes. (vLLM's own ``truncate_prompt_tokens`` would keep the first tokens, dropping
+  the closing special token, and say nothing of which rows it cut.) The limit is ``engine_kwargs`` ``max_model_len``, else the transformers
   engine's (the folder's ``sentence_bert_config.json`` ``max_seq_length``, else the tokenizer's,
   else the model's positions), and vLLM is started with it as its ``max_model_len``. The row's
   ``truncated`` says whether its text was cut.
