@@ -149,8 +149,9 @@ vllm-env: $(VLLM_VENV)/.installed
 
 # The vllm engine's tests (marked `vllm`; `make test` skips them) on the real engine, in that venv: the engine
 # through the runner (a killed try resumed), the operator on the embedded Ray and in a Ray Job on a cluster of
-# that venv's Ray. RAYBATCH_REQUIRE_VLLM=1: a missing vLLM fails the run instead. About 5 minutes on 2 cores.
-VLLM_TESTS := tests/llm/test_vllm.py tests/operators/test_llm_vllm.py
+# that venv's Ray; the embedding engine against the transformers one (one engine start, 1.5 minutes under load).
+# RAYBATCH_REQUIRE_VLLM=1: a missing vLLM fails the run instead. About 6-7 minutes on 2 cores.
+VLLM_TESTS := tests/llm/test_vllm.py tests/llm/test_vllm_embedding.py tests/operators/test_llm_vllm.py
 test-vllm: $(VLLM_VENV)/.installed
 	RAYBATCH_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm --durations=10 $(VLLM_TESTS) $(PYTEST_ARGS)
 

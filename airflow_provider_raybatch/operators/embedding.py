@@ -45,8 +45,10 @@ class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     :param model: a model id or a local folder (``transformers``: a Hugging Face encoder, such as a
         sentence-transformers model folder) (templated).
     :param engine: ``"transformers"`` (``AutoModel`` in a Ray Data actor, CPU or GPU; mean or CLS
-        pooling as the model folder's sentence-transformers config says, else mean), ``"openai"``
-        (an OpenAI-compatible ``/embeddings`` endpoint, from the ``openai_conn_id`` connection) or
+        pooling as the model folder's sentence-transformers config says, else mean), ``"vllm"``
+        (vLLM's embedding task through ``ray.data.llm``, on GPUs or, with ``num_gpus=0``, vLLM's CPU
+        build; the same vectors, texts cut and counted the same way), ``"openai"`` (an
+        OpenAI-compatible ``/embeddings`` endpoint, from the ``openai_conn_id`` connection) or
         another registered embedding engine (templated).
     :param prefix: put before every text, for models trained with an instruction, e.g. E5's
         ``"query: "`` (templated).
@@ -59,7 +61,8 @@ class EmbeddingOperator(EndpointConnection, RayPipelineOperator):
     :param token_columns: also write each row's input tokens (after truncation) as the column
         ``num_input_tokens``.
     :param engine_kwargs: engine arguments: transformers ``max_model_len`` (the length texts are cut
-        to), ``pooling`` (``"mean"`` or ``"cls"``), ``device``, ``dtype``, ``num_threads``; openai
+        to), ``pooling`` (``"mean"`` or ``"cls"``), ``device``, ``dtype``, ``num_threads``; vllm: vLLM's
+        engine arguments (``max_model_len``, the length texts are cut to; ``pooler_config``...); openai
         ``max_retries``, ``retry_wait_s``, ``qps``, ``timeout_s``, ``dimensions`` (templated).
     :param openai_conn_id: for an endpoint engine (``openai``): a connection whose host is the
         endpoint's base URL (``https://api.openai.com/v1``) and whose password is the API key.

@@ -145,7 +145,12 @@ def test_bad_settings_are_refused_before_any_work_naming_the_setting(tmp_path, b
     )
     for kwargs, message in [
         ({"dtype": "float64"}, r"dtype must be one of \('float32', 'float16'\), got 'float64'"),
-        ({"engine": "vllm"}, r"engine must be one of the embedding engines \('openai', 'transformers'\), got 'vllm'"),
+        (
+            {"engine": "sglang"},
+            r"engine must be one of the embedding engines \('openai', 'transformers', 'vllm'\), got 'sglang'",
+        ),
+        # The vllm embedding engine checks its replicas as the chat one does.
+        ({"engine": "vllm", "num_gpus": 0, "accelerator_type": "A100"}, "runs on CPUs: accelerator_type='A100'"),
         ({"output_column": "__x"}, "output_column must be a plain column name, got '__x'"),
         ({"truncated_column": "embedding"}, "the output columns must differ"),
         ({"engine_kwargs": {"pooling": "max"}}, r"pooling must be one of \('mean', 'cls'\)"),

@@ -1,7 +1,7 @@
 """The engines, one class each, found by name: :func:`get_engine` (see :mod:`.base` to add one).
 
 Importing this package registers the built-in engines: ``openai``, ``transformers``, ``vllm`` (chat);
-``openai``, ``transformers`` (embedding).
+``openai``, ``transformers``, ``vllm`` (embedding).
 """
 
 from airflow_provider_raybatch.llm.engines.base import (
@@ -20,6 +20,7 @@ from airflow_provider_raybatch.llm.engines.openai_embedding import OpenAIEmbeddi
 from airflow_provider_raybatch.llm.engines.transformers import TransformersEngine
 from airflow_provider_raybatch.llm.engines.transformers_embedding import TransformersEmbeddingEngine
 from airflow_provider_raybatch.llm.engines.vllm import VLLMEngine
+from airflow_provider_raybatch.llm.engines.vllm_embedding import VLLMEmbeddingEngine
 
 __all__ = [
     "CHAT",
@@ -31,6 +32,7 @@ __all__ = [
     "ProcessorEngine",
     "TransformersEmbeddingEngine",
     "TransformersEngine",
+    "VLLMEmbeddingEngine",
     "VLLMEngine",
     "engine_names",
     "find_engine",

@@ -103,17 +103,10 @@ class TransformersEmbedder:
         folder = Path(config.model) if os.path.isdir(config.model) else None
         self.pooling = kwargs.get("pooling") or model_pooling(folder)
         if self.task.image_column is None:
-            self.max_length = int(kwargs.get("max_model_len") or self._model_max_length(folder))
+            text = getattr(self.model.config, "text_config", None) or self.model.config  # CLIP's is its text tower's
+            positions = getattr(text, "max_position_embeddings", None)
+            self.max_length = int(kwargs.get("max_model_len") or model_max_length(folder, self.tokenizer, positions))
         self.dimension: int | None = None
-
-    def _model_max_length(self, folder: Path | None) -> int:
-        """sentence-transformers' ``max_seq_length``, else the tokenizer's limit, else the model's positions."""
-        settings = _json(folder / "sentence_bert_config.json") if folder else {}
-        if settings.get("max_seq_length"):
-            return int(settings["max_seq_length"])
-        text = getattr(self.model.config, "text_config", None) or self.model.config
-        positions = getattr(text, "max_position_embeddings", None) or _UNSET_LENGTH
-        return min(int(self.tokenizer.model_max_length or _UNSET_LENGTH), int(positions))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         if self.task.image_column is not None:
@@ -193,6 +186,15 @@ def _blank_image() -> Any:
     from PIL import Image
 
     return Image.new("RGB", (8, 8))
+
+
+def model_max_length(folder: Path | None, tokenizer: Any, positions: int | None) -> int:
+    """The length texts are cut to: sentence-transformers' ``max_seq_length`` (the folder's
+    ``sentence_bert_config.json``), else the tokenizer's limit, else the model's position count."""
+    settings = _json(folder / "sentence_bert_config.json") if folder else {}
+    if settings.get("max_seq_length"):
+        return int(settings["max_seq_length"])
+    return min(int(tokenizer.model_max_length or _UNSET_LENGTH), int(positions or _UNSET_LENGTH))
 
 
 def model_pooling(folder: Path | None) -> str:
