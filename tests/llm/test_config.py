@@ -254,6 +254,7 @@ def test_the_vllm_embedding_processors_rows_become_the_embedding_engines_columns
         "__raybatch_reject": [None, "engine died", "text is null", "bad"],
         "__raybatch_reject_kind": [None, "engine_error", "invalid_input", None],
         "__raybatch_tokens_in": [8, None, None, None],
+        "__raybatch_truncated": [1, None, None, None],  # counted for the summary, with or without the column
         "truncated": [True, None, None, None],
         "num_input_tokens": [8, None, None, None],
     }
