@@ -34,6 +34,7 @@ from tests.support.embedding_models import WORDS, build_tiny_bert, build_tiny_cl
 from tests.support.llm_dags import LOGICAL_DATE
 from tests.support.openai_server import OpenAIServer
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, kill_leftovers, own_ray_env
+from tests.support.ray_cluster import connection
 from tests.support.tables import FORMATS, read_table, table_output, table_spec
 
 pytestmark = pytest.mark.usefixtures("ray_local", "airflow_db")
@@ -280,6 +281,26 @@ def test_a_killed_run_resumes_exactly_once_into_a_table(tmp_path, bert, fmt):
     expected, _ = direct(bert, [rows[i] for i in embedded])
     unit = expected / np.linalg.norm(expected, axis=1, keepdims=True)
     assert np.allclose(np.stack(table["embedding"].to_numpy(zero_copy_only=False)), unit, atol=1e-5)
+
+
+def test_the_operator_embeds_in_a_ray_job_on_a_cluster(tmp_path, bert, ray_cluster, monkeypatch, capfd):
+    monkeypatch.setenv("AIRFLOW_CONN_RAY_TEST_CLUSTER", connection(ray_cluster))
+    rows = write_texts(tmp_path / "docs", 20)
+    with DAG("embed_on_cluster", schedule=None, start_date=LOGICAL_DATE) as dag:
+        operator(tmp_path, bert, ray_conn_id="ray_test_cluster", poll_interval=0.5, normalize=True)
+    ti = run_dag(dag, LOGICAL_DATE).get_task_instance("embed")
+    assert ti.state == "success"
+    summary = ti.xcom_pull(task_ids="embed")
+    assert summary["ray_submission_id"]  # the job ran on the cluster, its log streamed to the task's
+    assert any("[ray job]" in line and "Committed 2/2 ranges" in line for line in capfd.readouterr().out.splitlines())
+    embedded = [i for i, r in enumerate(rows) if r is not None]
+    expected, tokens = direct(bert, [rows[i] for i in embedded])
+    out = pq.read_table(tmp_path / "embed").sort_by("id")
+    assert out["id"].to_pylist() == embedded
+    unit = expected / np.linalg.norm(expected, axis=1, keepdims=True)
+    assert np.allclose(np.stack(out["embedding"].to_numpy(zero_copy_only=False)), unit, atol=1e-5)
+    cut = sum(out["truncated"].to_pylist())
+    assert (summary["tokens_in"], summary["truncated_rows"]) == (sum(tokens), cut) and cut
 
 
 def pictures(folder, n: int) -> list[bytes | None]:
