@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_raybatch.llm.config import EmbeddingTask, EngineConfig
 from airflow_provider_raybatch.llm.engines.base import EmbeddingEngine, register
-from airflow_provider_raybatch.llm.images import decode_image, load_image_bytes
 from airflow_provider_raybatch.llm.vectors import embedding_output
 from airflow_provider_raybatch.pipeline.errors import ConfigError
 
@@ -122,6 +121,9 @@ class TransformersEmbedder:
         return embedding_output(self.task, vectors, tokens, truncated, reasons)
 
     def _images(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        # Here, not at the top: llm.images imports pyarrow, and a DAG file imports this module (its engine's registration).
+        from airflow_provider_raybatch.llm.images import decode_image, load_image_bytes
+
         images: list[Any] = []
         reasons: list[str | None] = []
         for value in batch[self.task.image_column]:
