@@ -10,36 +10,16 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.support.benchmark_runs import run_embedding, run_images
+from tests.support.benchmark_runs import run_benchmark, run_embedding, run_images
 
 #: The benchmark scripts run the pipeline on a local Ray.
 pytestmark = pytest.mark.ray
 
 
 def test_throughput_script_runs_and_writes_its_results(tmp_path):
-    out = tmp_path / "results"
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.throughput",
-            "--rows",
-            "3000",
-            "--variants",
-            "plain",
-            "operator",
-            "operator_shared",
-            "--model",
-            "heavy",
-        ]
-        + ["--out", str(out), "--work-dir", str(tmp_path / "data"), "--batch-size", "1000"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = json.loads((out / "throughput.json").read_text())
+    variants = ["plain", "operator", "operator_shared"]
+    args = ["--rows", "3000", "--variants", *variants, "--model", "heavy", "--batch-size", "1000"]
+    results = run_benchmark("throughput", tmp_path, *args, timeout=300)
     assert results["benchmark"] == "throughput"
     assert {"nproc", "cpu_model", "ram_gib", "date"} <= set(results["machine"])
     assert [(r["variant"], r["rows"]) for r in results["rows"]] == [
@@ -49,7 +29,7 @@ def test_throughput_script_runs_and_writes_its_results(tmp_path):
     ]
     assert all(r["rows_per_s"] > 0 for r in results["rows"])
     assert all(r["task_s"] for r in results["rows"] if r["variant"].startswith("operator"))
-    assert "| plain |" in (out / "throughput.md").read_text()
+    assert "| plain |" in (tmp_path / "results" / "throughput.md").read_text()
 
 
 def test_commit_cost_script_runs(tmp_path):

@@ -7,17 +7,13 @@ but in CI (CI=true), where they fail.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO
-from tests.support.benchmark_runs import DAFT_PYTHON, run_embedding, run_images
+from tests.support.benchmark_runs import DAFT_PYTHON, run_benchmark, run_embedding, run_images
 
 #: The benchmark scripts run the pipeline on a local Ray.
 pytestmark = [
@@ -31,17 +27,9 @@ pytestmark = [
 
 def test_throughput_daft_variant_scores_like_the_plain_loop(tmp_path):
     # Daft runs with .venv-daft's interpreter (pyarrow 25): the same logits as the plain loop's.
-    out, work = tmp_path / "results", tmp_path / "data"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.throughput", "--rows", "3000", "--model", "light"]
-        + ["--variants", "plain", "daft", "--out", str(out), "--work-dir", str(work), "--batch-size", "1000"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = json.loads((out / "throughput.json").read_text())
+    args = ["--rows", "3000", "--model", "light", "--variants", "plain", "daft", "--batch-size", "1000"]
+    results = run_benchmark("throughput", tmp_path, *args, timeout=300)
+    work = tmp_path / "data"
     assert [(r["variant"], r["model"], r["rows"]) for r in results["rows"]] == [
         ("plain", "light", 3000),
         ("daft", "light", 3000),

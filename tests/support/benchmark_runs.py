@@ -16,39 +16,34 @@ from tests.conftest import REPO
 DAFT_PYTHON = REPO / ".venv-daft" / "bin" / "python"
 
 
-def run_images(tmp_path: Path, *variants: str) -> tuple[dict, dict[str, dict]]:
-    """benchmarks/images.py on 20 images: its results and each variant's output, by id."""
-    out, work = tmp_path / "results", tmp_path / "data"
+def run_benchmark(name: str, tmp_path: Path, *args: str, timeout: int = 600) -> dict:
+    """``python -m benchmarks.<name> ARGS``, writing its results to ``tmp_path/results`` and its data to
+    ``tmp_path/data``; the results' JSON (the test fails with the script's output if it did)."""
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.images", "--rows", "20", "--batch-size", "8", "--variants", *variants]
-        + ["--out", str(out), "--work-dir", str(work)],
+        [sys.executable, "-m", f"benchmarks.{name}", *args]
+        + ["--out", str(tmp_path / "results"), "--work-dir", str(tmp_path / "data")],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = json.loads((out / "images.json").read_text())
-    labels = {v: pq.read_table(work / f"out-images-{v}").sort_by("id").to_pydict() for v in variants}
+    return json.loads((tmp_path / "results" / f"{name}.json").read_text())
+
+
+def run_images(tmp_path: Path, *variants: str) -> tuple[dict, dict[str, dict]]:
+    """benchmarks/images.py on 20 images: its results and each variant's output, by id."""
+    results = run_benchmark("images", tmp_path, "--rows", "20", "--batch-size", "8", "--variants", *variants)
+    labels = {v: pq.read_table(tmp_path / "data" / f"out-images-{v}").sort_by("id").to_pydict() for v in variants}
     return results, labels
 
 
 def run_embedding(tmp_path: Path, *variants: str) -> tuple[dict, dict[str, dict]]:
     """benchmarks/embedding.py on 64 texts with all-MiniLM-L6-v2: its results and each variant's vectors, by id."""
-    out, work = tmp_path / "results", tmp_path / "data"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.embedding", "--rows", "64", "--batch-size", "16", "--variants", *variants]
-        + ["--out", str(out), "--work-dir", str(work)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = json.loads((out / "embedding.json").read_text())
+    results = run_benchmark("embedding", tmp_path, "--rows", "64", "--batch-size", "16", "--variants", *variants)
     vectors = {}
     for variant in variants:
-        table = pq.read_table(work / f"out-embed-{variant}").sort_by("id")
+        table = pq.read_table(tmp_path / "data" / f"out-embed-{variant}").sort_by("id")
         vectors[variant] = {
             "id": table.column("id").to_pylist(),
             "embedding": np.stack(table["embedding"].to_numpy(zero_copy_only=False)),

@@ -107,11 +107,13 @@ class LocalRayCluster:
         return [int(p) for p in out.stdout.split() if int(p) != os.getpid()]
 
     def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        # The GCS, the raylet and the monitor outlive SIGTERM by over 12 s (they wait on one another): a test's
+        # throwaway cluster gets 2 s, then SIGKILL.
+        for sig, grace in ((signal.SIGTERM, 2), (signal.SIGKILL, 10)):
             for pid in self.pids():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + grace
             while self.pids() and time.monotonic() < deadline:
                 time.sleep(0.2)
 
