@@ -53,13 +53,16 @@ demo-llm: $(VENV)/.installed-examples $(VENV)/.installed-llm
 	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/migrate.log 2>&1 || (cat $(AIRFLOW_HOME)/migrate.log; exit 1)
 	$(PY) -m airflow_provider_raybatch.examples.llm_data prepare --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
 	$(PY) -m airflow_provider_raybatch.examples.llm_data prepare --root $(RAYBATCH_DEMO_ROOT) --date $(TODAY)
-	for dag in vlm_caption llm_classify; do \
+	$(PY) -m airflow_provider_raybatch.examples.documents prepare --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
+	$(PY) -m airflow_provider_raybatch.examples.documents prepare --root $(RAYBATCH_DEMO_ROOT) --date $(TODAY)
+	for dag in vlm_caption llm_classify embedding_refresh; do \
 		HF_HUB_OFFLINE=1 $(VENV)/bin/airflow dags test $$dag $(DEMO_DATE) > $(AIRFLOW_HOME)/demo-$$dag.log 2>&1 \
 			|| { tail -n 60 $(AIRFLOW_HOME)/demo-$$dag.log; exit 1; }; \
 		grep -o "Batch inference summary: {[^}]*}" $(AIRFLOW_HOME)/demo-$$dag.log | tail -n 1; \
 	done
-	@echo "task logs: $(AIRFLOW_HOME)/demo-vlm_caption.log, $(AIRFLOW_HOME)/demo-llm_classify.log"
+	@echo "task logs: $(AIRFLOW_HOME)/demo-<dag>.log (vlm_caption, llm_classify, embedding_refresh)"
 	@$(PY) -m airflow_provider_raybatch.examples.llm_data report --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
+	@$(PY) -m airflow_provider_raybatch.examples.documents report --root $(RAYBATCH_DEMO_ROOT) --date $(DEMO_DATE)
 
 # pytest exits 5 when it collects no test: not a failure of the suite itself.
 # The Daft benchmark variants' smoke tests (tests/test_benchmarks_daft.py) skip until `make daft-env`, but in CI
@@ -146,8 +149,9 @@ vllm-env: $(VLLM_VENV)/.installed
 
 # The vllm engine's tests (marked `vllm`; `make test` skips them) on the real engine, in that venv: the engine
 # through the runner (a killed try resumed), the operator on the embedded Ray and in a Ray Job on a cluster of
-# that venv's Ray. RAYBATCH_REQUIRE_VLLM=1: a missing vLLM fails the run instead. About 5 minutes on 2 cores.
-VLLM_TESTS := tests/llm/test_vllm.py tests/operators/test_llm_vllm.py
+# that venv's Ray; the embedding engine against the transformers one (one engine start, 1.5 minutes under load).
+# RAYBATCH_REQUIRE_VLLM=1: a missing vLLM fails the run instead. About 6-7 minutes on 2 cores.
+VLLM_TESTS := tests/llm/test_vllm.py tests/llm/test_vllm_embedding.py tests/operators/test_llm_vllm.py
 test-vllm: $(VLLM_VENV)/.installed
 	RAYBATCH_REQUIRE_VLLM=1 $(VLLM_VENV)/bin/python -m pytest -m vllm --durations=10 $(VLLM_TESTS) $(PYTEST_ARGS)
 

@@ -177,6 +177,8 @@ def describe_status(status: Any) -> str:
         )
     if status.tokens_in is not None:
         lines.append(f"tokens {status.tokens_in:,} in, {status.tokens_out:,} out (committed rows)")
+    if status.truncated_rows is not None:
+        lines.append(f"{status.truncated_rows:,} rows truncated to the model's maximum length (committed rows)")
     if status.commit_rows_per_s is not None:
         left = f", about {_duration(status.eta_s)} left" if status.eta_s is not None else ""
         lines.append(f"commit rate {status.commit_rows_per_s:,.0f} rows/s (current){left}")

@@ -89,6 +89,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "Ray",
                 "python-modules": [
                     "airflow_provider_raybatch.operators.batch_inference",
+                    "airflow_provider_raybatch.operators.embedding",
                     "airflow_provider_raybatch.operators.llm_batch_inference",
                     "airflow_provider_raybatch.operators.vlm_caption",
                 ],

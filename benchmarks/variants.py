@@ -24,6 +24,7 @@ complete and Ray is shut down.
 - ``quickstart``: the quick start's task, its replica's start timed (``benchmarks/cold_start.py``).
 - ``images_*``: the image workload of ``benchmarks/images.py`` (``benchmarks.image_variants``).
 - ``vllm_*``: vLLM on CPUs, ``benchmarks/vllm_cpu.py`` (``benchmarks.vllm_variants``, in ``.venv-vllm``).
+- ``embed_*``: text embeddings, ``benchmarks/embedding.py`` (``benchmarks.embedding_variants``).
 """
 
 from __future__ import annotations
@@ -393,6 +394,17 @@ def _image_variant(name: str):
     return run
 
 
+def _embedding_variant(name: str):
+    """A variant of ``benchmarks.embedding_variants`` (embedding.py), imported when it runs."""
+
+    def run(p: dict[str, Any]) -> dict[str, Any]:
+        from benchmarks.embedding_variants import VARIANTS as EMBEDDING_VARIANTS
+
+        return EMBEDDING_VARIANTS[name](p)
+
+    return run
+
+
 def _vllm_variant(name: str):
     """A variant of ``benchmarks.vllm_variants`` (vllm_cpu.py, in .venv-vllm), imported when it runs."""
 
@@ -406,12 +418,14 @@ def _vllm_variant(name: str):
 
 IMAGE_VARIANTS = ("images_plain", "images_operator", "images_handwritten", "images_daft")
 VLLM_VARIANTS = ("vllm_loop", "vllm_handwritten", "vllm_operator")
+EMBEDDING_VARIANTS = ("embed_plain", "embed_operator", "embed_daft")
 #: The variants that run Daft (in .venv-daft).
-DAFT_VARIANTS = ("daft", "images_daft")
+DAFT_VARIANTS = ("daft", "images_daft", "embed_daft")
 
 VARIANTS = {
     **{name: _image_variant(name) for name in IMAGE_VARIANTS},
     **{name: _vllm_variant(name) for name in VLLM_VARIANTS},
+    **{name: _embedding_variant(name) for name in EMBEDDING_VARIANTS},
     "operator_series": operator_series,
     "ray_start": ray_start,
     "plain": plain,
@@ -430,7 +444,7 @@ def main(argv: list[str]) -> None:
         sys.path.insert(0, params["package_root"])
     if params.get("fresh_output", True) and "output" in params:
         shutil.rmtree(params["output"], ignore_errors=True)
-    if name in ("operator", "images_operator", "operator_defaults", "quickstart", "vllm_operator"):
+    if name in ("operator", "images_operator", "operator_defaults", "quickstart", "vllm_operator", "embed_operator"):
         import airflow_provider_raybatch.operators.batch_inference  # noqa: F401 - a task process has it loaded
     started_at = time.time()
     print(f"STARTED {started_at}", flush=True)  # for a parent that kills this run before its result

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.support.benchmark_runs import run_benchmark, run_images
+from tests.support.benchmark_runs import run_benchmark, run_embedding, run_images
 
 #: The benchmark scripts run the pipeline on a local Ray.
 pytestmark = pytest.mark.ray
@@ -214,3 +214,16 @@ def test_cold_start_script_times_a_first_task_step_by_step(tmp_path):
         "first_commit_s",
     ]
     assert [row[step] for step in order] == sorted(row[step] for step in order), row
+
+
+def test_embedding_script_embeds_every_text_as_the_plain_loop_does(tmp_path):
+    results, vectors = run_embedding(tmp_path, "plain", "operator")
+    assert [(r["variant"], r["texts"]) for r in results["rows"]] == [("plain", 64), ("operator", 64)]
+    plain, operator = results["rows"]
+    assert plain["model_s"] > 0 and plain["write_s"] > 0 and operator["first_commit_s"] != ""
+    # The operator counted the texts' tokens: the same texts for every variant, so its tokens/s is everyone's.
+    assert all(r["tokens_per_s"] > 0 for r in results["rows"])
+    assert [t["measure"] for t in results["targets"]] == ["64 texts: operator/plain vectors/s"]
+    assert vectors["plain"]["id"] == vectors["operator"]["id"] == list(range(64))
+    cosine = (vectors["plain"]["embedding"] * vectors["operator"]["embedding"]).sum(axis=1)  # both unit vectors
+    assert cosine.min() >= 0.999, cosine.min()

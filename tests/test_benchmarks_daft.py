@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.benchmark_runs import DAFT_PYTHON, run_benchmark, run_images
+from tests.support.benchmark_runs import DAFT_PYTHON, run_benchmark, run_embedding, run_images
 
 #: The benchmark scripts run the pipeline on a local Ray.
 pytestmark = [
@@ -47,3 +47,12 @@ def test_images_daft_variant_classifies_every_image(tmp_path):
     # Daft decodes and resizes with its own code: the same images, labels from the same classes.
     assert outputs["daft"]["id"] == outputs["plain"]["id"] == list(range(20))
     assert set(outputs["daft"]["label"]) <= set(range(10))
+
+
+def test_embedding_daft_variant_embeds_as_the_plain_loop_does(tmp_path):
+    # Daft's embed_text runs sentence-transformers on the same model folder: the same vectors.
+    results, vectors = run_embedding(tmp_path, "plain", "daft")
+    assert [(r["variant"], r["texts"]) for r in results["rows"]] == [("plain", 64), ("daft", 64)]
+    assert vectors["daft"]["id"] == vectors["plain"]["id"] == list(range(64))
+    cosine = (vectors["plain"]["embedding"] * vectors["daft"]["embedding"]).sum(axis=1)
+    assert cosine.min() >= 0.999, cosine.min()

@@ -40,6 +40,7 @@ import importlib.util, sys
 import airflow_provider_raybatch, airflow_provider_raybatch.hooks.ray, airflow_provider_raybatch.operators.batch_inference
 import airflow_provider_raybatch.pipeline, airflow_provider_raybatch.triggers.ray_job, airflow_provider_raybatch.links.ray
 import airflow_provider_raybatch.operators.llm_batch_inference, airflow_provider_raybatch.operators.vlm_caption
+import airflow_provider_raybatch.operators.embedding
 import airflow_provider_raybatch.llm.config, airflow_provider_raybatch.llm.prompts
 for path in {sorted(str(p) for p in (REPO / "dags").glob("*.py"))!r}:
     spec = importlib.util.spec_from_file_location("dag_module", path)

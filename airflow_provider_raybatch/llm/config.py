@@ -1,4 +1,5 @@
-"""What an LLM / VLM stage asks (:class:`ChatTask`) and of which engine (:class:`EngineConfig`).
+"""What an LLM / VLM stage asks (:class:`ChatTask`), what an embedding stage embeds
+(:class:`EmbeddingTask`), and of which engine (:class:`EngineConfig`).
 
 Plain dataclasses, no heavy import: the operators build them at execute time, and the stages
 built from them (:mod:`~airflow_provider_raybatch.llm.build`) travel as JSON (``Stage.to_spec``)
@@ -68,6 +69,51 @@ class ChatTask:
         if task.image_size is not None:
             task.image_size = (int(task.image_size[0]), int(task.image_size[1]))
         return task
+
+
+#: How an embedding is stored: float32, or float16 (half the size, about 3 significant digits).
+EMBEDDING_DTYPES = ("float32", "float16")
+
+
+@dataclass
+class EmbeddingTask:
+    """What to embed, the same for every embedding engine.
+
+    :param text_column: the column holding each row's text (or give ``image_column``).
+    :param image_column: the column holding each row's image (encoded bytes, a path or URL, or a
+        ``{"bytes", "path"}`` struct), for a model that embeds images (such as CLIP); instead of
+        ``text_column``. An image is neither truncated nor counted in tokens.
+    :param prefix: put before every text, as models trained with an instruction want it (E5's
+        ``"query: "`` or ``"passage: "``); part of the text the model sees and counts.
+    :param output_column: where each row's vector is written, a ``FixedSizeList`` of the model's dimension.
+    :param normalize: scale each vector to unit L2 norm (cosine similarity becomes a dot product).
+    :param dtype: how the vectors are stored: ``"float32"`` or ``"float16"``.
+    :param truncated_column: a boolean column saying whether the row's text was cut to the model's
+        maximum length (None: not written).
+    :param token_columns: also write each row's input tokens as the column ``num_input_tokens``;
+        the output's totals are counted either way.
+    """
+
+    text_column: str | None = None
+    prefix: str = ""
+    output_column: str = "embedding"
+    normalize: bool = False
+    dtype: str = "float32"
+    truncated_column: str | None = "truncated"
+    token_columns: bool = False
+    image_column: str | None = None
+
+    @property
+    def input_column(self) -> str:
+        """The column the model reads: the images' or the texts'."""
+        return self.image_column or self.text_column or ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmbeddingTask:
+        return cls(**data)
 
 
 @dataclass

@@ -53,19 +53,29 @@ def _read(path: str) -> bytes:
         raise ValueError(f"cannot read image file {path!r}: {type(e).__name__}: {e}") from e
 
 
-def prepare_image(data: bytes, size: tuple[int, int] | None) -> bytes:
-    """Decode fully (a truncated file fails here, not in the model), convert to RGB, resize, PNG."""
+def decode_image(data: bytes) -> Any:
+    """The image, decoded fully (a truncated file fails here, not in the model), as an RGB ``PIL.Image``.
+
+    Raises ``ValueError`` with the reason a row is rejected.
+    """
     from PIL import Image, UnidentifiedImageError
 
     Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.load()
-            rgb = image.convert("RGB")
+            return image.convert("RGB")
     except UnidentifiedImageError as e:
         raise ValueError(f"cannot decode image: not a known image format ({len(data)} bytes)") from e
     except Exception as e:  # noqa: BLE001 - Pillow raises many types for bad data
         raise ValueError(f"cannot decode image: {type(e).__name__}: {e}") from e
+
+
+def prepare_image(data: bytes, size: tuple[int, int] | None) -> bytes:
+    """Decode fully, convert to RGB, resize, PNG."""
+    from PIL import Image
+
+    rgb = decode_image(data)
     if size is not None and rgb.size != tuple(size):
         rgb = rgb.resize(tuple(size), Image.Resampling.BICUBIC)
     out = io.BytesIO()

@@ -3,17 +3,14 @@ resources, and an endpoint engine's connection."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from functools import cached_property
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_raybatch.hooks.openai_endpoint import OpenAIEndpointHook
 from airflow_provider_raybatch.llm.build import DEFAULT_BATCH_SIZE, build_stages
 from airflow_provider_raybatch.llm.config import DEFAULT_API_KEY_ENV, ChatTask, EngineConfig
 from airflow_provider_raybatch.llm.engines import find_engine, get_engine
 from airflow_provider_raybatch.operators.arguments import RESOURCE_ARGUMENTS, resource_param_docs, resource_values
+from airflow_provider_raybatch.operators.endpoint import EndpointConnection
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
 from airflow_provider_raybatch.operators.rendered import as_kind, rendered_replica_resources
 from airflow_provider_raybatch.pipeline.config import Stage
@@ -23,7 +20,7 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
 
-class ChatOperator(RayPipelineOperator):
+class ChatOperator(EndpointConnection, RayPipelineOperator):
     """Base of the operators that ask a chat model about every row (:meth:`chat_task` says what).
 
     Rows run in the checkpointed ranges of :class:`RayPipelineOperator` (paths, ``keep_columns``,
@@ -136,7 +133,7 @@ class ChatOperator(RayPipelineOperator):
             engine=self.engine,
             model=self.model,
             engine_kwargs=as_kind(self.engine_kwargs, dict, "engine_kwargs"),
-            base_url=self.endpoint.base_url() if get_engine(self.engine).needs_endpoint else None,
+            base_url=self.endpoint_url(get_engine(self.engine)),
             api_key_env=self.api_key_env,
         )
 
@@ -148,37 +145,8 @@ class ChatOperator(RayPipelineOperator):
         return build_stages(self.chat_task(), self.engine_config(), self.replica_resources())
 
     def execute(self, context: Context) -> dict[str, Any]:
-        with self._api_key_in_environment():
+        with self.api_key_in_environment(find_engine(self.engine)):
             return super().execute(context)
-
-    @cached_property
-    def endpoint(self) -> OpenAIEndpointHook:
-        """The ``openai_conn_id`` connection of an endpoint engine."""
-        return OpenAIEndpointHook(self.openai_conn_id)
-
-    @contextmanager
-    def _api_key_in_environment(self) -> Iterator[None]:
-        """For an endpoint engine on an embedded Ray: the key reaches the pipeline's driver (this
-        process) through ``api_key_env`` only, for the duration of the run."""
-        engine = find_engine(self.engine)  # an unknown engine fails in build_stages, naming the known ones
-        if engine is None or not engine.needs_endpoint:
-            yield
-            return
-        if self.hook.cluster is not None:
-            self.log.info("Ray cluster: the API key is read from $%s in the cluster's environment", self.api_key_env)
-            yield
-            return
-        key = self.endpoint.api_key()
-        previous = os.environ.get(self.api_key_env)
-        if key:
-            os.environ[self.api_key_env] = key
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop(self.api_key_env, None)
-            else:
-                os.environ[self.api_key_env] = previous
 
 
 ChatOperator.__doc__ = (ChatOperator.__doc__ or "").rstrip() + resource_param_docs(

@@ -8,10 +8,12 @@ A stage rejects rows by returning a column ``REJECT_COLUMN`` holding a reason (N
 accepts) and optionally ``REJECT_KIND_COLUMN`` (``INVALID_INPUT`` or ``ENGINE_ERROR``, the
 default). Later stages never see rejected rows; they are written to the rejects output.
 
-A stage that runs a token-based model reports what each row cost by returning
-``TOKENS_IN_COLUMN`` (prompt tokens) and ``TOKENS_OUT_COLUMN`` (generated tokens), integers or
-None (not counted). Counts of several stages add up. They are summed per range into its commit
-record, so an output's totals count each committed row once, whatever its tries spent.
+A stage counts things per row by returning the columns of :data:`COUNTED_COLUMNS`, integers or
+None (not counted): a token-based model what each row cost, ``TOKENS_IN_COLUMN`` (prompt tokens)
+and ``TOKENS_OUT_COLUMN`` (generated tokens); an embedding model ``TRUNCATED_COLUMN``, 1 for a row
+whose text it cut to its maximum length, else 0. Counts of several stages add up. They are summed
+per range into its commit record, so an output's totals count each committed row once, whatever
+its tries spent.
 """
 
 from __future__ import annotations
@@ -30,7 +32,18 @@ REJECT_COLUMNS = (REJECT_COLUMN, REJECT_KIND_COLUMN)
 TOKENS_IN_COLUMN = "__raybatch_tokens_in"
 TOKENS_OUT_COLUMN = "__raybatch_tokens_out"
 TOKEN_COLUMNS = (TOKENS_IN_COLUMN, TOKENS_OUT_COLUMN)
-#: A range's sums of them in its commit record (absent: none counted).
+#: 1 for a row whose text a model cut to its maximum length, 0 for one it took whole (null: not counted).
+TRUNCATED_COLUMN = "__raybatch_truncated"
+#: The counted columns, each with the key of its sum over a range's rows in the write step's file
+#: metadata, the range's commit record, the run's summary and the output's status (absent or
+#: None there: no row of it was counted).
+COUNTED_COLUMNS = {
+    TOKENS_IN_COLUMN: "tokens_in",
+    TOKENS_OUT_COLUMN: "tokens_out",
+    TRUNCATED_COLUMN: "truncated_rows",
+}
+COUNT_KEYS = tuple(COUNTED_COLUMNS.values())
+#: The token counts' keys.
 TOKEN_KEYS = ("tokens_in", "tokens_out")
 # Row ids derived from (file, row): rows per file up to 2**40, files up to 2**23.
 ROW_ID_FILE_SHIFT = 40

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.columns import COUNT_KEYS, TOKEN_KEYS
 from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord, by_writer
 from airflow_provider_raybatch.pipeline.errors import TooManyErrorsError
 from airflow_provider_raybatch.pipeline.planning.planner import Plan
@@ -65,6 +66,8 @@ class RunSummary:
     :param tokens_out: generated tokens of the output's committed rows, likewise.
     :param tokens_out_processed: generated tokens of the ranges this run committed (the
         ``tokens_per_second`` of the run).
+    :param truncated_rows: rows of the output's committed ranges whose text a model cut to its
+        maximum length (embedding engines that count it); None: not counted.
     """
 
     output_path: str
@@ -88,6 +91,7 @@ class RunSummary:
     tokens_in: int | None = None
     tokens_out: int | None = None
     tokens_out_processed: int | None = None
+    truncated_rows: int | None = None
 
     @property
     def tokens_per_second(self) -> float | None:
@@ -121,7 +125,7 @@ class RunSummary:
         parts = [s if isinstance(s, RunSummary) else cls.from_dict(s) for s in summaries]
         # Every count field, so that a count added later is combined too.
         counts = {f.name: sum(getattr(p, f.name) for p in parts) for f in fields(cls) if f.type == "int"}
-        for name in TOKEN_FIELDS:  # counted in some shards, or in none
+        for name in COUNT_FIELDS:  # counted in some shards, or in none
             counted = [getattr(p, name) for p in parts if getattr(p, name) is not None]
             counts[name] = sum(counted) if counted else None
         skipped: dict[str, list[int]] = {}
@@ -144,8 +148,8 @@ class RunSummary:
         )
 
 
-#: The summary's token counts: None where no model counted tokens.
-TOKEN_FIELDS = ("tokens_in", "tokens_out", "tokens_out_processed")
+#: The summary's counts of what a model counted (tokens, truncated rows): None where none counted them.
+COUNT_FIELDS = (*COUNT_KEYS, "tokens_out_processed")
 
 
 class Progress:
@@ -167,9 +171,9 @@ class Progress:
         self.rows_rejected = sum(r.rejected for r in committed.values())
         self.rows_rejected_skipped = self.rows_rejected
         self.engine_errors = sum(r.engine_errors for r in committed.values())
-        #: Prompt and generated tokens of the committed ranges (None: none counted), and the
+        #: What a model counted in the committed ranges, by key (None: none counted), and the
         #: generated tokens of this run's commits.
-        self.tokens_in, self.tokens_out = token_totals(committed.values())
+        self.counts = count_totals(committed.values())
         self.tokens_out_processed: int | None = None
         self.done = 0
         self.rows_processed = 0
@@ -223,11 +227,9 @@ class Progress:
         self.rows_out += record.rows
         self.rows_rejected += record.rejected
         self.engine_errors += record.engine_errors
-        tokens_in, tokens_out = token_totals([record])
-        if tokens_in is not None or tokens_out is not None:
-            self.tokens_in = (self.tokens_in or 0) + (tokens_in or 0)
-            self.tokens_out = (self.tokens_out or 0) + (tokens_out or 0)
-            self.tokens_out_processed = (self.tokens_out_processed or 0) + (tokens_out or 0)
+        self.counts = count_totals([record], self.counts)
+        if record.tokens != (None, None):
+            self.tokens_out_processed = (self.tokens_out_processed or 0) + (record.tokens_out or 0)
         if self.skipped + self.done == len(self.plan.ranges):
             self.log_line()
 
@@ -280,11 +282,14 @@ class Progress:
             # Before the first rows are scored (a model still loading) there is no rate to go by.
             eta = f"about {left / scoring:.0f}s left" if scoring else "time left not known yet"
             eta = eta if left else "about 0s left"
-            tokens = ""
-            if self.tokens_in is not None and self.stages_started is not None:
+            counted = ""
+            tokens_in, tokens_out = self.counts["tokens_in"], self.counts["tokens_out"]
+            if tokens_in is not None and self.stages_started is not None:
                 # Of committed ranges only, as the output holds them; the rate is this run's.
                 generated = (self.tokens_out_processed or 0) / max(now - self.stages_started, 1e-9)
-                tokens = f", tokens {self.tokens_in} in, {self.tokens_out} out ({generated:.0f} generated/s)"
+                counted = f", tokens {tokens_in} in, {tokens_out} out ({generated:.0f} generated/s)"
+            if self.counts["truncated_rows"] is not None:
+                counted += f", {self.counts['truncated_rows']} rows truncated"
             log.info(
                 "Committed %d/%d ranges, %d/%d rows%s%s%s%s, %s",
                 self.skipped + self.done,
@@ -294,7 +299,7 @@ class Progress:
                 rejected,
                 ahead,
                 rates,
-                tokens,
+                counted,
                 eta,
             )
 
@@ -333,10 +338,9 @@ class Progress:
             commit_rows_per_s=None if commit is None else round(commit, 1),
             scoring_rows_per_s=None if scoring is None else round(scoring, 1),
             table_version=table_version,
-            tokens_in=self.tokens_in,
-            tokens_out=self.tokens_out,
+            **self.counts,
             # A rerun that had nothing left to do generated none.
-            tokens_out_processed=(self.tokens_out_processed or 0) if self.tokens_in is not None else None,
+            tokens_out_processed=(self.tokens_out_processed or 0) if self.counts["tokens_in"] is not None else None,
         )
 
 
@@ -352,11 +356,16 @@ def skipped_by(records: Iterable[CommitRecord]) -> list[dict[str, Any]]:
     ]
 
 
-def token_totals(records: Iterable[CommitRecord]) -> tuple[int | None, int | None]:
-    """Prompt and generated tokens of commit records (None where no record counted them)."""
-    totals: list[int | None] = [None, None]
+def count_totals(
+    records: Iterable[CommitRecord], start: Mapping[str, int | None] | None = None
+) -> dict[str, int | None]:
+    """What a model counted in commit records, summed by key, added to ``start`` (None where
+    neither ``start`` nor any record counted it)."""
+    totals = dict(start) if start is not None else dict.fromkeys(COUNT_KEYS)
     for record in records:
-        for i, count in enumerate(record.tokens):
+        for key, count in record.counts.items():
             if count is not None:
-                totals[i] = (totals[i] or 0) + count
-    return totals[0], totals[1]
+                totals[key] = (totals[key] or 0) + count
+    if any(totals[key] is not None for key in TOKEN_KEYS):  # both, where one is (an embedding generates 0)
+        totals.update({key: totals[key] or 0 for key in TOKEN_KEYS})
+    return totals

@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.columns import COUNT_KEYS
 from airflow_provider_raybatch.pipeline.errors import RayBatchError
 from airflow_provider_raybatch.plugins.outputs import ResolvedOutput, output_ref
 
@@ -202,7 +203,7 @@ def summary_line(output: ResolvedOutput) -> dict[str, Any]:
         rows_done=rows_done,
         fraction_done=round(rows_done / rows_planned, 6) if rows_planned else float(bool(statuses) and state == "done"),
         rows_rejected=sum(s.rows_rejected for s in statuses),
-        **token_sums(statuses),
+        **count_sums(statuses),
         ranges_planned=sum(s.ranges_planned for s in statuses),
         ranges_committed=sum(s.ranges_committed for s in statuses),
         commit_rows_per_s=sum(s.commit_rows_per_s or 0 for s in statuses) or None,
@@ -220,12 +221,15 @@ def combined_state(statuses: list[Any]) -> str:
     return next((s for s in ("running", "partial", "not started") if s in states), "done")
 
 
-def token_sums(statuses: list[Any]) -> dict[str, int]:
-    """The statuses' token counts, added up (none where no model counted tokens)."""
-    counted = [s for s in statuses if s.tokens_in is not None]
-    if not counted:
-        return {}
-    return {"tokens_in": sum(s.tokens_in for s in counted), "tokens_out": sum(s.tokens_out for s in counted)}
+def count_sums(statuses: list[Any]) -> dict[str, int]:
+    """What a model counted in the statuses (tokens, truncated rows), added up by key; a key only
+    where some status counted it."""
+    sums = {}
+    for key in COUNT_KEYS:
+        counted = [getattr(s, key) for s in statuses if getattr(s, key) is not None]
+        if counted:
+            sums[key] = sum(counted)
+    return sums
 
 
 def summary_lines(outputs: list[ResolvedOutput]) -> list[dict[str, Any]]:

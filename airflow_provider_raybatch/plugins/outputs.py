@@ -33,6 +33,7 @@ OPERATOR_CLASSES = frozenset(
         "ChatOperator",
         "LLMBatchInferenceOperator",
         "VLMCaptionOperator",
+        "EmbeddingOperator",
     }
 )
 OPERATORS_MODULE = "airflow_provider_raybatch.operators."

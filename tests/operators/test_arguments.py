@@ -11,6 +11,7 @@ import pytest
 from airflow_provider_raybatch.operators.arguments import RESOURCE_ARGUMENTS, SHARED_ARGUMENTS
 from airflow_provider_raybatch.operators.batch_inference import RayBatchInferenceOperator
 from airflow_provider_raybatch.operators.chat import ChatOperator
+from airflow_provider_raybatch.operators.embedding import EmbeddingOperator
 from airflow_provider_raybatch.operators.ray_pipeline import RayPipelineOperator
 from airflow_provider_raybatch.pipeline.config import BatchInferenceConfig, TableOutput
 from airflow_provider_raybatch.pipeline.errors import ConfigError
@@ -57,17 +58,19 @@ def test_every_config_field_is_described_in_the_class_docstring(cls):
 
 
 #: The operators that run replicas, whose resource arguments are ReplicaResources' fields.
-REPLICA_OPERATORS = (RayBatchInferenceOperator, ChatOperator)
+REPLICA_OPERATORS = (RayBatchInferenceOperator, ChatOperator, EmbeddingOperator)
 #: Where an operator's default is its own on purpose (its signature says why).
 OWN_DEFAULTS = {
     RayBatchInferenceOperator: {"concurrency": None},
     ChatOperator: {"batch_size": 16, "num_cpus": 0.5, "num_gpus": None},
+    EmbeddingOperator: {"batch_size": 16, "num_cpus": 0.5, "num_gpus": None},
 }
 #: Where an operator takes less than the field's type: a predictor's replica has a GPU count, and the chat
 #: operators' replicas are a number (or a pool) of engines with a batch size.
 NARROWER = {
     RayBatchInferenceOperator: {"num_gpus": "float"},
     ChatOperator: {"batch_size": "int", "concurrency": "int | tuple[int, int]"},
+    EmbeddingOperator: {"batch_size": "int", "concurrency": "int | tuple[int, int]"},
 }
 
 

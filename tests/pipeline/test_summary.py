@@ -109,6 +109,39 @@ def test_tokens_appear_only_where_counted_and_shards_add_them_up():
     assert RunSummary.combine([plain, plain]).tokens_in is None
 
 
+def test_truncated_rows_appear_only_where_counted_and_shards_add_them_up():
+    counted = RunSummary("/out", rows_processed=4, tokens_in=40, tokens_out=0, tokens_out_processed=0, truncated_rows=3)
+    none_cut = RunSummary(
+        "/out", rows_processed=4, tokens_in=40, tokens_out=0, tokens_out_processed=0, truncated_rows=0
+    )
+    plain = RunSummary("/out", rows_processed=4)
+    assert counted.to_dict()["truncated_rows"] == 3 and none_cut.to_dict()["truncated_rows"] == 0
+    assert "truncated_rows" not in plain.to_dict() and RunSummary.from_dict(counted.to_dict()) == counted
+    assert RunSummary.combine([counted, plain, none_cut.to_dict()]).truncated_rows == 3
+    assert RunSummary.combine([plain, plain]).truncated_rows is None
+
+
+def test_the_progress_line_and_summary_count_truncated_rows_of_earlier_and_own_commits(caplog, monkeypatch):
+    monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "0")
+    ranges = [RowRange(f"r-{i}", 0, 10 * i, 10 * (i + 1)) for i in range(3)]
+    earlier = {"r-0": CommitRecord("r-0", (), 10, tokens_in=50, truncated_rows=2)}
+    progress = Progress(Plan([], ranges, pa.schema([])), earlier)
+    with caplog.at_level(logging.INFO, logger="airflow_provider_raybatch"), progress.clock():
+        progress.committed(1, CommitRecord("r-1", (), 10, tokens_in=40, truncated_rows=0))
+        progress.committed(2, CommitRecord("r-2", (), 10, tokens_in=60, truncated_rows=1))
+    assert ", tokens 150 in, 0 out (0 generated/s), 3 rows truncated, " in caplog.records[-1].getMessage()
+    summary = progress.summary("/out", 1.0)
+    assert (summary.truncated_rows, summary.tokens_in, summary.tokens_out, summary.tokens_out_processed) == (
+        3,
+        150,
+        0,
+        0,
+    )
+    plain = Progress(Plan([], ranges, pa.schema([])), {})
+    plain.committed(0)
+    assert plain.summary("/out", 1.0).truncated_rows is None
+
+
 def test_a_resumed_runs_progress_lines_never_show_fewer_scored_than_committed(caplog, monkeypatch):
     """Rows scored count the earlier tries' committed rows too: a line shows them only while ahead."""
     monkeypatch.setenv(PROGRESS_INTERVAL_ENV, "0")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from tests.conftest import REPO
@@ -35,3 +36,16 @@ def run_images(tmp_path: Path, *variants: str) -> tuple[dict, dict[str, dict]]:
     results = run_benchmark("images", tmp_path, "--rows", "20", "--batch-size", "8", "--variants", *variants)
     labels = {v: pq.read_table(tmp_path / "data" / f"out-images-{v}").sort_by("id").to_pydict() for v in variants}
     return results, labels
+
+
+def run_embedding(tmp_path: Path, *variants: str) -> tuple[dict, dict[str, dict]]:
+    """benchmarks/embedding.py on 64 texts with all-MiniLM-L6-v2: its results and each variant's vectors, by id."""
+    results = run_benchmark("embedding", tmp_path, "--rows", "64", "--batch-size", "16", "--variants", *variants)
+    vectors = {}
+    for variant in variants:
+        table = pq.read_table(tmp_path / "data" / f"out-embed-{variant}").sort_by("id")
+        vectors[variant] = {
+            "id": table.column("id").to_pylist(),
+            "embedding": np.stack(table["embedding"].to_numpy(zero_copy_only=False)),
+        }
+    return results, vectors

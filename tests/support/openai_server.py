@@ -25,9 +25,9 @@ def completion(content: str, usage: tuple[int, int] | None = None) -> dict[str, 
 
 class OpenAIServer:
     """``POST /v1/chat/completions`` (or ``route``) answered by ``respond(body) -> (status, json)``;
-    records requests."""
+    records requests. With ``api_key``, a request without ``Authorization: Bearer <api_key>`` gets a 401."""
 
-    def __init__(self, respond: Responder, route: str = "/v1/chat/completions"):
+    def __init__(self, respond: Responder, route: str = "/v1/chat/completions", api_key: str | None = None):
         self.respond = respond
         self.requests: list[dict[str, Any]] = []
         server = self
@@ -37,7 +37,9 @@ class OpenAIServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 status, payload = (404, {"error": {"message": "no such route"}})
-                if self.path == route:
+                if api_key is not None and self.headers.get("Authorization") != f"Bearer {api_key}":
+                    status, payload = (401, {"error": {"message": "Incorrect API key provided"}})
+                elif self.path == route:
                     status, payload = server.respond(body)
                 data = json.dumps(payload).encode()
                 self.send_response(status)

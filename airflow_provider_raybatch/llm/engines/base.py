@@ -1,6 +1,7 @@
 """What an engine is, and the registry that finds one by name.
 
-An engine answers a :class:`~airflow_provider_raybatch.llm.config.ChatTask`. Its class says
+An engine answers a :class:`~airflow_provider_raybatch.llm.config.ChatTask` (an
+:class:`EmbeddingEngine` embeds texts instead, registered apart: see its class). Its class says
 everything that differs between engines: which settings it accepts, what its replicas need by
 default, how its pipeline stage is built and, for an engine run as a ``ray.data.llm`` processor,
 the processor's config and the shapes of a request and an answer. Nothing else compares engine
@@ -40,7 +41,12 @@ if TYPE_CHECKING:
     from airflow_provider_raybatch.llm.config import ChatTask, EngineConfig
     from airflow_provider_raybatch.pipeline.resources import ReplicaResources
 
-_ENGINES: dict[str, Engine] = {}
+#: The registered engines by (task, name): an embedding engine may share a chat engine's name.
+_ENGINES: dict[tuple[str, str], Engine] = {}
+#: The task of the chat engines, which the registry's functions look up unless told another.
+CHAT = "chat"
+#: The task of the embedding engines (:class:`EmbeddingEngine`).
+EMBEDDING = "embedding"
 
 
 class Engine:
@@ -50,8 +56,10 @@ class Engine:
     replica with the task and the engine config (``ChatTask.to_dict()``, ``EngineConfig.to_dict()``).
     """
 
-    #: The name users give (``engine="..."``); unique in the registry.
+    #: The name users give (``engine="..."``); unique among the engines of its task.
     name: ClassVar[str]
+    #: What the engine does: answers chat tasks (:data:`CHAT`) or embeds texts (``"embedding"``).
+    task: ClassVar[str] = CHAT
     #: Import path of the stage's predictor. Recorded in the output's job signature: changing it
     #: makes existing outputs refuse to resume.
     predictor: ClassVar[str]
@@ -149,31 +157,48 @@ class ProcessorEngine(Engine):
         return None, None
 
 
+class EmbeddingEngine(Engine):
+    """An engine that embeds texts (an :class:`~airflow_provider_raybatch.llm.config.EmbeddingTask`),
+    registered apart from the chat engines: ``transformers`` names one of each.
+
+    Its stage reads the task's ``text_column`` (or ``image_column``, if it ``embeds_images``) and
+    returns what :func:`~airflow_provider_raybatch.llm.vectors.embedding_output` makes of its
+    vectors, so that every engine (a local model, ``ray.data.llm``'s embedding task, an
+    ``/embeddings`` endpoint) writes the same columns, normalised, stored and counted the same way.
+    """
+
+    task = EMBEDDING
+    #: The engine embeds images too (the task's ``image_column``), with a model that has an image tower.
+    embeds_images: ClassVar[bool] = False
+
+
 def register(cls: type[Engine]) -> type[Engine]:
-    """Class decorator: make the engine available by its ``name``."""
-    known = _ENGINES.get(cls.name)
+    """Class decorator: make the engine available by its ``name`` among the engines of its ``task``."""
+    known = _ENGINES.get((cls.task, cls.name))
     # The same class imported again (a module loaded twice) replaces itself; another class may not.
     if known is not None and _path(type(known)) != _path(cls):
         raise ValueError(f"an engine named {cls.name!r} is already registered: {_path(type(known))}")
-    _ENGINES[cls.name] = cls()
+    _ENGINES[(cls.task, cls.name)] = cls()
     return cls
 
 
-def engine_names() -> tuple[str, ...]:
-    """The registered engines' names, sorted."""
-    return tuple(sorted(_ENGINES))
+def engine_names(task: str = CHAT) -> tuple[str, ...]:
+    """The names of the registered engines of ``task``, sorted."""
+    return tuple(sorted(name for kind, name in _ENGINES if kind == task))
 
 
-def find_engine(name: str) -> Engine | None:
-    """The engine registered as ``name``, or None."""
-    return _ENGINES.get(name) if isinstance(name, str) else None
+def find_engine(name: str, task: str = CHAT) -> Engine | None:
+    """The engine of ``task`` registered as ``name``, or None."""
+    return _ENGINES.get((task, name)) if isinstance(name, str) else None
 
 
-def get_engine(name: str) -> Engine:
-    """The engine registered as ``name``; an unknown name is a :class:`ConfigError` listing the known ones."""
-    engine = find_engine(name)
+def get_engine(name: str, task: str = CHAT) -> Engine:
+    """The engine of ``task`` registered as ``name``; an unknown name is a :class:`ConfigError`
+    listing the known ones."""
+    engine = find_engine(name, task)
     if engine is None:
-        raise ConfigError(f"engine must be one of {engine_names()}, got {name!r}")
+        among = "" if task == CHAT else f"the {task} engines "
+        raise ConfigError(f"engine must be one of {among}{engine_names(task)}, got {name!r}")
     return engine
 
 

@@ -34,8 +34,6 @@ log = logging.getLogger(__name__)
 #: CPUs each of the processor's CPU stages reserves when the engine runs on CPUs: one CPU each
 #: (Ray's default) left a 2-CPU node's engine pending behind them.
 CPU_STAGE_CPUS = 0.1
-#: The processor's stages whose actors stay up beside each engine: chat template, tokenize, detokenize.
-PROCESSOR_CPU_STAGES = 3
 #: The KV cache of an engine on CPUs, unless ``engine_kwargs`` sizes it (``kv_cache_memory_bytes``,
 #: or ``gpu_memory_utilization``, the share of the node's memory on CPUs) or the replica reserves
 #: ``memory``: vLLM's own default asks for 92 % of the node's memory and refuses to start beside
@@ -68,6 +66,8 @@ class VLLMEngine(ProcessorEngine):
     predictor = "airflow_provider_raybatch.llm.processors:build_vllm_transform"
     engine_stage = "vLLMEngineStage"
     overlaps_batches = True
+    #: The processor's stages whose actors stay up beside each engine: chat template, tokenize, detokenize.
+    processor_cpu_stages = 3
 
     def default_gpus(self, config: EngineConfig) -> float:
         kwargs = config.engine_kwargs
@@ -148,13 +148,12 @@ class VLLMEngine(ProcessorEngine):
                 "CPU backend)"
             )
 
-    @staticmethod
-    def _check_cpus(resources: ReplicaResources, cpus: float) -> None:
+    def _check_cpus(self, resources: ReplicaResources, cpus: float) -> None:
         """On CPUs the processor's own stages hold CPUs beside the engines and the reads: a cluster
         that cannot hold all of them at once never starts a read, and Ray waits without a word (a
         1-CPU engine on 2 CPUs did, for as long as it was left)."""
         engines = resources.num_cpus * resources.min_replicas
-        stages = CPU_STAGE_CPUS * PROCESSOR_CPU_STAGES * resources.min_replicas
+        stages = CPU_STAGE_CPUS * self.processor_cpu_stages * resources.min_replicas
         needed = engines + stages + READ_CPUS
         if needed > cpus + 1e-9:
             raise ConfigError(
@@ -165,13 +164,25 @@ class VLLMEngine(ProcessorEngine):
             )
 
     def processor_config(self, task: ChatTask, config: EngineConfig, resources: ReplicaResources) -> Any:
+        cpu_stage = {"num_cpus": CPU_STAGE_CPUS} if on_cpus(resources) else {}
+        return self.vllm_config(
+            config,
+            resources,
+            # Images arrive as OpenAI image_url parts holding a base64 data URL.
+            prepare_multimodal_stage={"enabled": task.image_column is not None, **cpu_stage},
+            chat_template_stage={"enabled": True, **cpu_stage},
+            tokenize_stage={"enabled": True, **cpu_stage},
+            detokenize_stage={"enabled": True, **cpu_stage},
+        )
+
+    def vllm_config(self, config: EngineConfig, resources: ReplicaResources, **options: Any) -> Any:
+        """``vLLMEngineProcessorConfig`` for the replicas' resources (on GPUs, or one CPU bundle per
+        engine with a bounded KV cache), ``options`` its stages' and task's settings."""
         from ray.data.llm import vLLMEngineProcessorConfig
 
         engine_kwargs = dict(config.engine_kwargs)
-        cpu_stage: dict[str, Any] = {}
         placement: dict[str, Any] | None = None
         if on_cpus(resources):
-            cpu_stage = {"num_cpus": CPU_STAGE_CPUS}
             # One bundle: the engine's actor reserves the replica's CPUs (no GPU, which Ray would
             # otherwise reserve for tensor x pipeline parallel size 1).
             placement = {"bundles": [{"CPU": resources.num_cpus}]}
@@ -189,11 +200,7 @@ class VLLMEngine(ProcessorEngine):
             placement_group_config=placement,
             # Per-row failures become rejects (bounded by max_error_fraction), not a failed job.
             should_continue_on_error=True,
-            # Images arrive as OpenAI image_url parts holding a base64 data URL.
-            prepare_multimodal_stage={"enabled": task.image_column is not None, **cpu_stage},
-            chat_template_stage={"enabled": True, **cpu_stage},
-            tokenize_stage={"enabled": True, **cpu_stage},
-            detokenize_stage={"enabled": True, **cpu_stage},
+            **options,
         )
 
     def map_kwargs(self, resources: ReplicaResources) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 
+from airflow_provider_raybatch.pipeline.columns import COUNT_KEYS, TOKEN_KEYS
 from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord, CommitWriter
 from airflow_provider_raybatch.pipeline.errors import LeaseLostError, RayBatchError
 from airflow_provider_raybatch.pipeline.store.files import absent, exists, ls, read_json, write_json
@@ -315,16 +316,21 @@ def _encode(records: Iterable[CommitRecord]) -> dict[str, Any]:
     a million ranges to some tens of MB. The plan each record was written under is kept beside the
     rows, run-length encoded (``plans``: ``[[plan id, count], ...]`` in row order; nearly always one
     run), and so is the try that committed each (``writers``: ``[[writer or null, count], ...]``, a
-    run per writing try), and the tokens of an output whose model counted them (``tokens``: ``[prompt,
-    generated]`` or null per row): rows keep the shape that earlier versions of the provider read.
+    run per writing try), and what a model counted: the tokens (``tokens``: ``[prompt, generated]``
+    or null per row, the shape earlier versions read) and the other counts (``counts``: ``{key:
+    [count or null per row]}``, a key only where some row has it): rows keep the shape that
+    earlier versions of the provider read, and those versions skip keys they do not know.
     """
     rows: list[list[Any]] = []
     plans: list[list[Any]] = []
     writers: list[list[Any]] = []
     tokens: list[list[int | None] | None] = []
+    counts: dict[str, list[int | None]] = {key: [] for key in COUNT_KEYS if key not in TOKEN_KEYS}
     for r in records:
         _run_length(writers, None if r.writer is None else r.writer.to_json())
         tokens.append(None if r.tokens == (None, None) else list(r.tokens))
+        for key, column in counts.items():
+            column.append(getattr(r, key))
         default = r.files == (f"part-{r.range_id}.parquet",)
         rows.append(
             [r.range_id, r.rows, r.rejected, r.engine_errors, None if default else list(r.files), r.committed_at]
@@ -337,6 +343,9 @@ def _encode(records: Iterable[CommitRecord]) -> dict[str, Any]:
         encoded["writers"] = writers
     if any(tokens):
         encoded["tokens"] = tokens
+    counted = {key: column for key, column in counts.items() if any(c is not None for c in column)}
+    if counted:
+        encoded["counts"] = counted
     return encoded
 
 
@@ -355,10 +364,13 @@ def _decode(data: dict[str, Any]) -> dict[str, CommitRecord]:
         for writer, count in data.get("writers", ())
         for _ in range(count)
     )
-    tokens = data.get("tokens") or [None] * len(data["records"])
+    rows_count = len(data["records"])
+    tokens = data.get("tokens") or [None] * rows_count
+    # Counts a later version may add are ignored, as keys of a record are (CommitRecord.from_json).
+    counts = {key: column for key, column in data.get("counts", {}).items() if key in COUNT_KEYS}
     records = {}
-    for (range_id, rows, rejected, engine_errors, files, committed_at), counted in zip(
-        data["records"], tokens, strict=True
+    for i, ((range_id, rows, rejected, engine_errors, files, committed_at), counted) in enumerate(
+        zip(data["records"], tokens, strict=True)
     ):
         tokens_in, tokens_out = counted or (None, None)
         records[range_id] = CommitRecord(
@@ -369,6 +381,7 @@ def _decode(data: dict[str, Any]) -> dict[str, CommitRecord]:
             engine_errors=(engine_errors or 0) if rejected else 0,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
+            **{key: column[i] for key, column in counts.items()},
             plan=next(plans, None),
             committed_at=committed_at,
             writer=next(writers, None),

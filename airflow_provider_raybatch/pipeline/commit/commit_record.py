@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from airflow_provider_raybatch.pipeline.columns import COUNT_KEYS
+
 #: The rejects' folder in the output (rows a stage rejected, each with its reason).
 REJECTS_DIR = "_rejects"
 
@@ -75,8 +77,8 @@ class CommitWriter:
 
 @dataclass(frozen=True)
 class CommitRecord:
-    """A committed range: its files, the rows they hold, the tokens its model counted, the plan it
-    was written under.
+    """A committed range: its files, the rows they hold, what its model counted (tokens, truncated
+    rows), the plan it was written under.
 
     :param range_id: the range.
     :param files: its files, relative to the output: data files, then rejects files (under
@@ -85,6 +87,7 @@ class CommitRecord:
     :param rejected: the rows of its rejects files, of which ``engine_errors`` failed in a model.
     :param tokens_in: the prompt tokens of its rows (None: its model counted none).
     :param tokens_out: the generated tokens of its rows (None: its model counted none).
+    :param truncated_rows: its rows whose text a model cut to its maximum length (None: not counted).
     :param plan: the id of the plan it was written under (None: a record of an older release).
     :param committed_at: when it was committed (Unix time; None for per-range records of layout 1).
     :param writer: the try that committed it (None: a record of an older release, writer unknown).
@@ -97,6 +100,7 @@ class CommitRecord:
     engine_errors: int = 0
     tokens_in: int | None = None
     tokens_out: int | None = None
+    truncated_rows: int | None = None
     plan: str | None = None
     committed_at: float | None = None
     writer: CommitWriter | None = None
@@ -118,19 +122,24 @@ class CommitRecord:
     def tokens(self) -> tuple[int | None, int | None]:
         return self.tokens_in, self.tokens_out
 
+    @property
+    def counts(self) -> dict[str, int | None]:
+        """Its counts by key (:data:`~airflow_provider_raybatch.pipeline.columns.COUNT_KEYS`; None: not counted)."""
+        return {key: getattr(self, key) for key in COUNT_KEYS}
+
     def committed(self, at: float | None, writer: CommitWriter | None) -> CommitRecord:
         return replace(self, committed_at=at, writer=writer)
 
     def to_json(self) -> dict[str, Any]:
         """As a per-range record file of layout 1 holds it: the fields an older release wrote, and
-        the others only where they are set (so records of outputs without rejects or tokens stay as
+        the others only where they are set (so records of outputs without rejects or counts stay as
         they were)."""
         data: dict[str, Any] = {"range_id": self.range_id, "files": list(self.files), "rows": self.rows}
         if self.plan:
             data["plan"] = self.plan
         if self.rejected:
             data.update(rejected=self.rejected, engine_errors=self.engine_errors)
-        for key, count in (("tokens_in", self.tokens_in), ("tokens_out", self.tokens_out)):
+        for key, count in self.counts.items():
             if count is not None:
                 data[key] = count
         if self.committed_at is not None:
@@ -148,8 +157,7 @@ class CommitRecord:
             rows=int(data["rows"]),
             rejected=int(data.get("rejected", 0)),
             engine_errors=int(data.get("engine_errors", 0)),
-            tokens_in=data.get("tokens_in"),
-            tokens_out=data.get("tokens_out"),
+            **{key: data.get(key) for key in COUNT_KEYS},
             plan=data.get("plan"),
             committed_at=data.get("committed_at"),
             writer=CommitWriter.from_json(data["writer"]) if data.get("writer") else None,

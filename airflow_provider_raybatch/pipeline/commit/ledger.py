@@ -39,7 +39,7 @@ import json
 import logging
 import posixpath
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -239,15 +239,16 @@ class OutputLedger(CommitLog):
         rejects_tmp_paths: list[str] = (),
         rejected: int = 0,
         engine_errors: int = 0,
-        tokens: tuple[int | None, int | None] = (None, None),
+        counts: Mapping[str, int | None] | None = None,
     ) -> CommitRecord:
         """Move a range's files (output, rejects) to their final names, durably; return the record
         that will commit them (:meth:`record`). Until it is recorded, the range is published without
         a record: the next run removes its files and redoes it.
 
         ``rows`` counts the rows of the output files; ``rejected`` those of the rejects files, of
-        which ``engine_errors`` failed in a model; ``tokens`` the prompt and generated tokens of
-        all of them (None: not counted).
+        which ``engine_errors`` failed in a model; ``counts`` the sums of the counted columns over
+        all of them, by key (:data:`~airflow_provider_raybatch.pipeline.columns.COUNT_KEYS`; None
+        or absent: not counted).
         """
         self.fence()
         files = []
@@ -278,8 +279,7 @@ class OutputLedger(CommitLog):
             rows,
             rejected=rejected,
             engine_errors=engine_errors if rejected else 0,
-            tokens_in=tokens[0],
-            tokens_out=tokens[1],
+            **dict(counts or {}),
             plan=self.plan_id,
         )
 

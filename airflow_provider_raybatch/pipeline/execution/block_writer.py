@@ -30,17 +30,23 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec import AbstractFileSystem
 
-from airflow_provider_raybatch.pipeline.columns import ENGINE_ERROR, INTERNAL_PREFIX, KEEP_PREFIX, RANGE_COLUMN
+from airflow_provider_raybatch.pipeline.columns import (
+    COUNT_KEYS,
+    ENGINE_ERROR,
+    INTERNAL_PREFIX,
+    KEEP_PREFIX,
+    RANGE_COLUMN,
+)
 from airflow_provider_raybatch.pipeline.commit.ledger import tmp_name
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.errors import OutputSchemaError, RayBatchError, StageError
 from airflow_provider_raybatch.pipeline.execution.stages import (
     StageWorker,
+    count_sums,
     output_columns,
     rejects_table,
     split_by_range,
     split_rejected,
-    token_sums,
 )
 from airflow_provider_raybatch.pipeline.store.files import is_local
 from airflow_provider_raybatch.pipeline.store.retries import retry_transient
@@ -60,8 +66,8 @@ FILE_METADATA = pa.schema(
         ("bytes", pa.int64()),
         ("schema", pa.binary()),  # the file's Arrow schema, serialized
         ("engine_errors", pa.int64()),  # rejects that failed in a model
-        ("tokens_in", pa.int64()),  # prompt tokens of the file's rows (null: none counted)
-        ("tokens_out", pa.int64()),  # generated tokens of the file's rows (null: none counted)
+        # The sums of the counted columns over the file's rows, by their keys (null: none counted).
+        *((key, pa.int64()) for key in COUNT_KEYS),
         ("problem", pa.string()),  # why the rows' ids are not a key (None: they are)
     ]
 )
@@ -125,7 +131,7 @@ def write_block(
                 if rejected.num_rows:
                     ids.append(rejected.column(KEEP_PREFIX + id_column))
                 problem = key_problem([c.cast(key_type) for c in ids], id_column)
-        tokens = {OUTPUT: token_sums(accepted), REJECTS: token_sums(rejected)}
+        counts = {OUTPUT: count_sums(accepted), REJECTS: count_sums(rejected)}
         for kind, table in ((OUTPUT, output), (REJECTS, rejects)):
             if table is None or not table.num_rows:
                 continue
@@ -155,8 +161,7 @@ def write_block(
                     "bytes": size,
                     "schema": table.schema.remove_metadata().serialize().to_pybytes(),
                     "engine_errors": engine_errors,
-                    "tokens_in": tokens[kind][0],
-                    "tokens_out": tokens[kind][1],
+                    **counts[kind],
                     "problem": problem,
                 }
             )

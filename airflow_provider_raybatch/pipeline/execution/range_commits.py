@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_raybatch.pipeline.columns import TOKEN_KEYS
+from airflow_provider_raybatch.pipeline.columns import COUNT_KEYS
 from airflow_provider_raybatch.pipeline.commit.commit_record import CommitRecord
 from airflow_provider_raybatch.pipeline.commit.crash_points import crash_point
 from airflow_provider_raybatch.pipeline.commit.ledger import OutputLedger
@@ -69,8 +69,8 @@ class _Arrived:
     rows: int = 0
     rejected: int = 0
     engine_errors: int = 0
-    #: Prompt and generated tokens of its rows (None: no file counted any).
-    tokens: list[int | None] = field(default_factory=lambda: [None, None])
+    #: The sums of the counted columns over its rows, by key (None: no file counted any).
+    counts: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(COUNT_KEYS))
 
 
 class RangeCommits:
@@ -209,9 +209,9 @@ class RangeCommits:
             else:
                 arrived.rejected += file["rows"]
                 arrived.engine_errors += file["engine_errors"]
-            for i, key in enumerate(TOKEN_KEYS):  # .get: receipts written before tokens were counted lack them
+            for key in COUNT_KEYS:  # .get: receipts written before a count existed lack it
                 if file.get(key) is not None:
-                    arrived.tokens[i] = (arrived.tokens[i] or 0) + file[key]
+                    arrived.counts[key] = (arrived.counts[key] or 0) + file[key]
             self.file_bytes += file["bytes"]
             received = arrived.rows + arrived.rejected
             if received > row_range.rows:
@@ -279,7 +279,7 @@ class RangeCommits:
             paths[REJECTS],
             arrived.rejected,
             arrived.engine_errors,
-            tokens=tuple(arrived.tokens),
+            counts=arrived.counts,
         )
         self._published(index, record)
 

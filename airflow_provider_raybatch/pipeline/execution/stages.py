@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_raybatch.pipeline.columns import (
+    COUNTED_COLUMNS,
     ENGINE_ERROR,
     INTERNAL_PREFIX,
     KEEP_PREFIX,
@@ -21,7 +22,6 @@ from airflow_provider_raybatch.pipeline.columns import (
     REJECT_COLUMN,
     REJECT_COLUMNS,
     REJECT_KIND_COLUMN,
-    TOKEN_COLUMNS,
 )
 from airflow_provider_raybatch.pipeline.config import Stage
 from airflow_provider_raybatch.pipeline.errors import ConfigError, StageError
@@ -124,14 +124,14 @@ class StageWorker:
             batch = user
         result = output_to_table(self.fn(batch, **self.kwargs), self.name, table.num_rows)
         result, reasons, kinds = self._take_rejects(result)
-        result, tokens = self._take_tokens(result)
+        result, counts = self._take_counts(result)
         for name in internal:
             if name not in REJECT_COLUMNS:
                 column = table.column(name)
-                if name in tokens:  # an earlier stage counted tokens too: a row's counts add up
-                    column = add_counts(column, tokens.pop(name))
+                if name in counts:  # an earlier stage counted the rows too: a row's counts add up
+                    column = add_counts(column, counts.pop(name))
                 result = result.append_column(name, column)
-        for name, column in tokens.items():
+        for name, column in counts.items():
             result = result.append_column(name, column)
         if reasons is not None:
             result = result.append_column(REJECT_COLUMN, reasons).append_column(REJECT_KIND_COLUMN, kinds)
@@ -140,24 +140,22 @@ class StageWorker:
         # Rows rejected earlier pass by with nulls in this stage's output columns.
         return pa.concat_tables([result, rejected], promote_options="default")
 
-    def _take_tokens(self, result: pa.Table) -> tuple[pa.Table, dict[str, pa.ChunkedArray]]:
-        """The stage's output without its token counts, and the counts (int64; null: not counted)."""
-        tokens = {}
-        for name in TOKEN_COLUMNS:
+    def _take_counts(self, result: pa.Table) -> tuple[pa.Table, dict[str, pa.ChunkedArray]]:
+        """The stage's output without its counted columns, and those (int64; null: not counted)."""
+        counts = {}
+        for name in COUNTED_COLUMNS:
             if name in result.column_names:
                 try:
-                    tokens[name] = result.column(name).cast(pa.int64())
+                    counts[name] = result.column(name).cast(pa.int64())
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                    raise StageError(
-                        f"stage {self.name!r}: {name} must hold token counts (integers) or None: {e}"
-                    ) from e
-        return result.drop_columns(list(tokens)), tokens
+                    raise StageError(f"stage {self.name!r}: {name} must hold counts (integers) or None: {e}") from e
+        return result.drop_columns(list(counts)), counts
 
     def _take_rejects(self, result: pa.Table) -> tuple[pa.Table, pa.Array | None, pa.Array | None]:
         bad = [
             c
             for c in result.column_names
-            if c.startswith(INTERNAL_PREFIX) and c not in REJECT_COLUMNS and c not in TOKEN_COLUMNS
+            if c.startswith(INTERNAL_PREFIX) and c not in REJECT_COLUMNS and c not in COUNTED_COLUMNS
         ]
         if bad:
             raise StageError(f"stage {self.name!r} returned internal column(s) {bad}; rename them")
@@ -229,14 +227,14 @@ def add_counts(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.if_else(both_null, pa.scalar(None, pa.int64()), total)
 
 
-def token_sums(table: pa.Table) -> tuple[int | None, int | None]:
-    """The prompt and generated tokens ``table``'s rows cost (None: no row of it was counted)."""
-    sums = []
-    for name in TOKEN_COLUMNS:
+def count_sums(table: pa.Table) -> dict[str, int | None]:
+    """The sums of ``table``'s counted columns, by their keys (None: no row of it was counted)."""
+    sums: dict[str, int | None] = {}
+    for name, key in COUNTED_COLUMNS.items():
         column = table.column(name) if name in table.column_names else None
         counted = column is not None and column.null_count < len(column)
-        sums.append(int(pc.sum(column).as_py()) if counted else None)
-    return sums[0], sums[1]
+        sums[key] = int(pc.sum(column).as_py()) if counted else None
+    return sums
 
 
 def split_rejected(table: pa.Table) -> tuple[pa.Table, pa.Table]:

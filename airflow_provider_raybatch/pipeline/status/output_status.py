@@ -45,7 +45,7 @@ from airflow_provider_raybatch.pipeline.status.writers import (
     shard_writers,
 )
 from airflow_provider_raybatch.pipeline.store.files import resolve
-from airflow_provider_raybatch.pipeline.summary import token_totals
+from airflow_provider_raybatch.pipeline.summary import count_totals
 from airflow_provider_raybatch.pipeline.tables.staging import (
     GENERATION_RECORD,
     StagedWriter,
@@ -101,6 +101,8 @@ class OutputStatus:
     :param tokens_in: prompt tokens of the committed ranges, where a model counted them (LLM
         engines; None: none counted); ``tokens_out`` the generated tokens. What the output holds,
         not what its tries spent.
+    :param truncated_rows: committed rows whose text a model cut to its maximum length (embedding
+        engines; None: not counted).
     """
 
     path: str
@@ -134,6 +136,7 @@ class OutputStatus:
     rejects_files: list[str] | None = None
     tokens_in: int | None = None
     tokens_out: int | None = None
+    truncated_rows: int | None = None
 
     @property
     def fraction_done(self) -> float:
@@ -256,7 +259,7 @@ def _read(
     rows_out = sum(r.rows for r in mine.values())
     rejected = sum(r.rejected for r in mine.values())
     engine_errors = sum(r.engine_errors for r in mine.values())
-    tokens_in, tokens_out = token_totals(mine.values())
+    counts = count_totals(mine.values())
     rows_planned = sum(r.rows for r in ranges)
 
     lease = lease_status(lease_owner, lease_owner.lease_folder(), OUTPUT_SCOPE, lease_timeout_s, now)
@@ -303,8 +306,7 @@ def _read(
         read_at=now,
         read_s=round(time.perf_counter() - started, 4),
         objects_read=dict(ledger.last_read),
-        tokens_in=tokens_in,
-        tokens_out=tokens_out,
+        **counts,
         files=_files(plan.input, ranges, mine) if detail else None,
         committed_mask="".join("1" if r.id in mine else "0" for r in ranges) if detail else None,
         rejects_files=rejects_files(mine) if detail else None,

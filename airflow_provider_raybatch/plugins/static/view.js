@@ -168,6 +168,7 @@
       card(`${num(o.ranges_committed)} / ${num(o.ranges_planned)}`, "ranges committed") +
       card(rate(o.commit_rows_per_s), "commit rate, current") + card(dur(o.eta_s), "time left") +
       (o.tokens_in === null || o.tokens_in === undefined ? "" : card(`${num(o.tokens_in)} / ${num(o.tokens_out)}`, "tokens in / out (committed rows)", "tokens")) +
+      (o.truncated_rows === null || o.truncated_rows === undefined ? "" : card(num(o.truncated_rows), "rows truncated (committed rows)", "truncated")) +
       `</div>` +
       bar(segments, `${pct(o.fraction_done)} · ${num(o.rows_done)} of ${num(o.rows_planned)} rows`, false, "rows-bar") +
       `<div class="legend" id="rows-legend">rows: ${key("--done", "written")}${key("--reject", "rejected")}${key("--none", "not done yet")}</div>` +

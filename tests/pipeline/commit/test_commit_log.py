@@ -59,6 +59,34 @@ def test_token_counts_ride_beside_the_rows_only_where_a_model_counted_them():
     assert "tokens" not in _encode([record("a-0-10")])
 
 
+def test_truncated_rows_ride_beside_the_rows_where_counted_and_a_record_without_them_reads_none():
+    records = [
+        record("a-0-10", tokens_in=120, tokens_out=0, truncated_rows=3),
+        record("a-10-20", tokens_in=80, tokens_out=0, truncated_rows=0),  # counted: none cut
+        record("a-20-30"),  # rows no model counted
+    ]
+    encoded = _encode(records)
+    # Tokens keep the pairs earlier versions read; the other counts are a key those versions skip.
+    assert encoded["tokens"] == [[120, 0], [80, 0], None]
+    assert encoded["counts"] == {"truncated_rows": [3, 0, None]}
+    assert all(len(row) == 6 for row in encoded["records"])
+    decoded = _decode(json.loads(json.dumps(encoded)))
+    assert decoded == {r.range_id: r for r in records}
+    assert [r.truncated_rows for r in decoded.values()] == [3, 0, None]
+    # Records of an earlier version (no "counts"), and counts of a later one, read as not counted.
+    older = _decode({k: v for k, v in encoded.items() if k != "counts"})
+    assert [r.truncated_rows for r in older.values()] == [None, None, None]
+    newer = _decode({**encoded, "counts": {**encoded["counts"], "later_count": [1, 2, 3]}})
+    assert newer == decoded
+    assert "counts" not in _encode([record("a-0-10", tokens_in=5, tokens_out=0)])
+    # A per-range record (layout 1): a key where counted, which an older reader ignores.
+    layout_1 = records[0].to_json()
+    assert layout_1["truncated_rows"] == 3 and CommitRecord.from_json(layout_1) == records[0]
+    assert "truncated_rows" not in record("a-0-10").to_json()
+    assert CommitRecord.from_json({k: v for k, v in layout_1.items() if k != "truncated_rows"}).truncated_rows is None
+    assert CommitRecord.from_json({**layout_1, "later_count": 7}) == records[0]
+
+
 def test_each_record_names_its_writing_try_beside_the_rows_and_older_readers_skip_it(tmp_path):
     first = CommitWriter("dag/manual__1/score/-1", 1, None, "h", 11, 100.0)
     second = CommitWriter("dag/manual__1/score/-1", 2, None, "h", 12, 200.0)
