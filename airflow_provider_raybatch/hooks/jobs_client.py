@@ -180,7 +180,15 @@ class RayJobsClient:
             raise RayJobsError(f"submitting Ray job {submission_id} failed with {status}: {body.strip()[-500:]}")
 
     async def stop(self, submission_id: str) -> bool:
-        """Ask Ray to stop the job (SIGTERM, then SIGKILL); False if it had already ended."""
+        """Ask Ray to stop the job (SIGTERM, then SIGKILL); False if it had already ended.
+
+        Ray answers ``stopped`` as long as the job's supervisor lives, also once the job's status is final: a job
+        stopped while pending is STOPPED at once, while its supervisor may still be starting (seconds under load).
+        A final status answers first.
+        """
+        info = await self.get_job(submission_id)
+        if info is None or info.is_terminal:
+            return False
         answer = await self._json("POST", f"/api/jobs/{submission_id}/stop", ok=(200, 404))
         return bool(answer and answer.get("stopped"))
 
