@@ -89,7 +89,9 @@ class LocalRayCluster:
             ]
         else:
             command.append(f"--address=127.0.0.1:{self.gcs_port}")
-        subprocess.run(command, env=self.env(), check=True, capture_output=True, timeout=180)
+        run = subprocess.run(command, env=self.env(), capture_output=True, text=True, timeout=180)
+        if run.returncode != 0:
+            raise ClusterStartError(f"`ray start` exited {run.returncode}: {(run.stdout + run.stderr)[-3000:]}")
         self.nodes.append("head" if head else "worker")
         return ports[0]
 
@@ -118,20 +120,34 @@ class LocalRayCluster:
                 time.sleep(0.2)
 
 
-def start_cluster(num_cpus: int = 2) -> LocalRayCluster:
-    # Short: Ray's socket paths under the temp dir must stay below the OS limit.
-    cluster = LocalRayCluster(
-        temp_dir=tempfile.mkdtemp(prefix="rbc-", dir="/tmp"),
-        token=secrets.token_hex(16),
-        gcs_port=free_port(),
-        dashboard_port=free_port(),
-    )
-    try:
-        cluster.start_node(head=True, num_cpus=num_cpus)
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+class ClusterStartError(RuntimeError):
+    """`ray start` failed; the message ends with its output."""
+
+
+def start_cluster(num_cpus: int = 2, attempts: int = 3) -> LocalRayCluster:
+    """Start a head; a failed start is tried again on other ports (up to ``attempts`` in all).
+
+    Its ports are picked free, then released for Ray to bind: under load another process may take one meanwhile.
+    The session's cluster is shared by every cluster test of a worker, so one failed start errored them all (44 in
+    a CI run here); the last failure's error holds Ray's output.
+    """
+    for attempt in range(1, attempts + 1):
+        # Short: Ray's socket paths under the temp dir must stay below the OS limit.
+        cluster = LocalRayCluster(
+            temp_dir=tempfile.mkdtemp(prefix="rbc-", dir="/tmp"),
+            token=secrets.token_hex(16),
+            gcs_port=free_port(),
+            dashboard_port=free_port(),
+        )
+        try:
+            cluster.start_node(head=True, num_cpus=num_cpus)
+        except BaseException as e:
+            cluster.stop()
+            if not isinstance(e, ClusterStartError) or attempt == attempts:
+                raise
+        else:
+            return cluster
+    raise ValueError(f"attempts must be at least 1, not {attempts}")
 
 
 def connection(cluster: LocalRayCluster, **extra) -> str:
