@@ -182,9 +182,9 @@ class RayJobsClient:
     async def stop(self, submission_id: str) -> bool:
         """Ask Ray to stop the job (SIGTERM, then SIGKILL); False if it had already ended.
 
-        Ray answers ``stopped`` as long as the job's supervisor lives, also once the job's status is final: a job
-        stopped while pending is STOPPED at once, while its supervisor may still be starting (seconds under load).
-        A final status answers first.
+        Ray answers ``stopped`` as long as the job's supervisor lives, also once the job's status is final (seen in
+        CI under load: a job stopped while pending read STOPPED, and a second stop 3 s later was answered
+        ``stopped`` again). A final status answers first.
         """
         info = await self.get_job(submission_id)
         if info is None or info.is_terminal:
