@@ -104,9 +104,19 @@ class LocalRayCluster:
         return pid
 
     def pids(self) -> list[int]:
-        """Every process of this cluster: their command lines carry its temp dir."""
-        out = subprocess.run(["pgrep", "-f", self.temp_dir], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split() if int(p) != os.getpid()]
+        """Every process of this cluster: each inherits its token from `ray start`'s environment.
+
+        Not by command line: the dashboard's and the runtime env's agents retitle theirs (``ray::DashboardAgent``),
+        and outlived every stop that looked for the temp dir there.
+        """
+        mark = f"RAY_AUTH_TOKEN={self.token}".encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                with contextlib.suppress(OSError), open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        found.append(int(entry))
+        return found
 
     def stop(self) -> None:
         # The GCS, the raylet and the monitor outlive SIGTERM by over 12 s (they wait on one another): a test's
